@@ -1,0 +1,3 @@
+from nsqpy.nsqd.app import main
+
+main()

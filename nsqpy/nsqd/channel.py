@@ -1,0 +1,416 @@
+"""A channel: one copy of its topic's stream, shared by its consumers (spec §2.5, §7.1).
+
+The hot path is ``put_many`` → ``dispatch`` (deliver to ready consumers) and
+``finish``. In-flight messages live in one dict per consumer, keyed by message ID:
+a consumer's deliveries all use its own msg_timeout, so the dict's insertion order
+is deadline order and the timeout scan only looks at the front of each dict; FIN is
+a single ``dict.pop``. The one exception, a TOUCH whose new deadline is capped by
+--max-msg-timeout, flags the consumer's dict for a full scan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+from nsqpy.nsqd.backend import BackendError, BackendQueue
+from nsqpy.nsqd.message import Message, from_payload, requeued, to_payload
+from nsqpy.wire.names import is_ephemeral
+from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.nsqd import NSQD
+
+InFlight: TypeAlias = tuple[bytes, int, int, bytes, float, float]
+"""``(id, timestamp_ns, attempts, body, deadline, delivered_at)``; times are monotonic seconds."""
+
+
+class Consumer(Protocol):
+    """What a channel needs of a subscribed client (implemented by the TCP server)."""
+
+    ready_count: int
+    in_flight: dict[bytes, InFlight]
+    irregular_in_flight: bool
+    msg_timeout: float
+    sample_rate: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+
+    def send_messages(self, frames: list[bytes], count: int) -> None:
+        """Queue these message frames (header and body pieces) for output."""
+
+    def close_for_exit(self) -> None:
+        """The channel is going away: close the connection."""
+
+
+class ChannelError(Exception):
+    """FIN/REQ/TOUCH failures (non-fatal) and SUB refusals; the text is NSQ's."""
+
+
+class Channel:
+    __slots__ = (
+        "_backend",
+        "_deferred",
+        "_deferred_seq",
+        "_mem_size",
+        "_memory",
+        "_next",
+        "_nsqd",
+        "_orphans",
+        "clients",
+        "e2e",
+        "ephemeral",
+        "exiting",
+        "message_count",
+        "name",
+        "paused",
+        "requeue_count",
+        "timeout_count",
+        "topic_name",
+    )
+
+    def __init__(self, topic_name: str, name: str, nsqd: NSQD, backend: BackendQueue) -> None:
+        self.topic_name = topic_name
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self._nsqd = nsqd
+        self._backend = backend
+        self._mem_size = nsqd.opts.mem_queue_size
+        self._memory: deque[Message] = deque()
+        self._deferred: list[tuple[float, int, Message]] = []
+        self._deferred_seq = itertools.count()
+        self.clients: list[Consumer] = []
+        # In-flight dicts of consumers that disconnected: their messages wait for
+        # their timeout, as in NSQ (spec §2.5).
+        self._orphans: list[dict[bytes, InFlight]] = []
+        self._next = 0
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.e2e = nsqd.new_e2e_stream()
+
+    def __repr__(self) -> str:
+        return f"Channel({self.topic_name}:{self.name})"
+
+    # -- stats --------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        return len(self._memory) + self._backend.depth()
+
+    @property
+    def backend_depth(self) -> int:
+        return self._backend.depth()
+
+    @property
+    def in_flight_count(self) -> int:
+        return sum(len(c.in_flight) for c in self.clients) + sum(len(d) for d in self._orphans)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self._deferred)
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def add_client(self, client: Consumer) -> None:
+        if self.exiting:
+            raise ChannelError("exiting")
+        limit = self._nsqd.opts.max_channel_consumers
+        if limit and len(self.clients) >= limit:
+            raise ChannelError(
+                f"consumers for {self.topic_name}:{self.name} exceeds limit of {limit}"
+            )
+        self.clients.append(client)
+
+    def remove_client(self, client: Consumer) -> None:
+        try:
+            self.clients.remove(client)
+        except ValueError:
+            return
+        if client.in_flight:
+            self._orphans.append(client.in_flight)
+            client.in_flight = {}
+        if not self.clients and self.ephemeral and not self.exiting:
+            self._nsqd.delete_ephemeral_channel(self)
+
+    # -- putting messages in ------------------------------------------------------------
+
+    def put_many(self, msgs: list[Message]) -> None:
+        """Queue messages (memory first, then the backend) and deliver what can be."""
+        self.message_count += len(msgs)
+        self._enqueue(msgs)
+        if self.clients:
+            self.dispatch()
+
+    def _enqueue(self, msgs: list[Message]) -> None:
+        memory = self._memory
+        room = self._mem_size - len(memory)
+        if room >= len(msgs):
+            memory.extend(msgs)
+            return
+        if self.ephemeral and self._mem_size == 0 and self.clients:
+            # NSQ's unbuffered hand-off: only what a ready consumer takes right now.
+            memory.extend(msgs)
+            self.dispatch()
+            memory.clear()
+            return
+        # The backend first: if it refuses, nothing of this batch was queued (MPUB is atomic).
+        self._backend.put_many([to_payload(m) for m in msgs[max(room, 0) :]])
+        if room > 0:
+            memory.extend(msgs[:room])
+
+    def put_deferred(self, msg: Message, delay: float) -> None:
+        self.message_count += 1
+        self._push_deferred(msg, delay)
+
+    def _push_deferred(self, msg: Message, delay: float) -> None:
+        heapq.heappush(self._deferred, (time.monotonic() + delay, next(self._deferred_seq), msg))
+        self._nsqd.scan_candidate(self)
+
+    # -- delivery -----------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Hand queued messages to consumers with room under their RDY."""
+        if self.paused:
+            return
+        memory = self._memory
+        clients = self.clients
+        n = len(clients)
+        if n == 0:
+            return
+        backend = self._backend
+        start = self._next
+        pack = MESSAGE_FRAME_HEADER.pack
+        now = 0.0
+        for k in range(n):
+            client = clients[(start + k) % n]
+            in_flight = client.in_flight
+            room = client.ready_count - len(in_flight)
+            if room <= 0:
+                continue
+            if len(memory) < room and backend.depth():
+                self._refill(room - len(memory))
+            if not memory:
+                self._next = (start + k) % n
+                return
+            take = room if room < len(memory) else len(memory)
+            if not now:
+                now = time.monotonic()
+            deadline = now + client.msg_timeout
+            frames: list[bytes] = []
+            append = frames.append
+            popleft = memory.popleft
+            if client.sample_rate:
+                take = self._sampled(client, take, frames, now, deadline)
+            else:
+                for _ in range(take):
+                    msg_id, timestamp, attempts, body = popleft()
+                    attempts += 1
+                    append(pack(len(body) + 30, 2, timestamp, attempts, msg_id))
+                    append(body)
+                    in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
+            if take:
+                client.message_count += take
+                client.send_messages(frames, take)
+        self._next = (start + 1) % n
+        if now:
+            self._nsqd.scan_candidate(self)
+
+    def _sampled(
+        self, client: Consumer, take: int, frames: list[bytes], now: float, deadline: float
+    ) -> int:
+        # sample_rate S: a message goes out if rand[0,100) <= S, else this channel drops it.
+        pack = MESSAGE_FRAME_HEADER.pack
+        sent = 0
+        for _ in range(take):
+            msg_id, timestamp, attempts, body = self._memory.popleft()
+            if random.randrange(100) > client.sample_rate:
+                continue
+            attempts += 1
+            frames.append(pack(len(body) + 30, 2, timestamp, attempts, msg_id))
+            frames.append(body)
+            client.in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
+            sent += 1
+        return sent
+
+    def _refill(self, count: int) -> None:
+        try:
+            payloads = self._backend.read_many(count)
+        except BackendError as err:
+            self._nsqd.logf_error(
+                f"CHANNEL({self.topic_name}:{self.name}): failed to read from backend - {err}"
+            )
+            return
+        memory = self._memory
+        for payload in payloads:
+            try:
+                memory.append(from_payload(payload))
+            except ValueError as err:
+                self._nsqd.logf_error(
+                    f"CHANNEL({self.topic_name}:{self.name}): failed to decode message - {err}"
+                )
+
+    # -- acknowledgements -----------------------------------------------------------------
+
+    def finish(self, client: Consumer, msg_id: bytes) -> None:
+        entry = client.in_flight.pop(msg_id, None)
+        if entry is None:
+            raise ChannelError(self._not_in_flight_reason(msg_id))
+        client.finish_count += 1
+        if self.e2e is not None:
+            self.e2e.add(time.time_ns() - entry[1])
+
+    def requeue(self, client: Consumer, msg_id: bytes, delay: float) -> None:
+        entry = client.in_flight.pop(msg_id, None)
+        if entry is None:
+            raise ChannelError(self._not_in_flight_reason(msg_id))
+        self.requeue_count += 1
+        client.requeue_count += 1
+        msg = requeued(entry[0], entry[1], entry[2], entry[3])
+        if delay <= 0:
+            if self.exiting:
+                raise ChannelError("exiting")
+            self._put_back(msg)
+        else:
+            self._push_deferred(msg, delay)
+
+    def touch(self, client: Consumer, msg_id: bytes) -> None:
+        in_flight = client.in_flight
+        entry = in_flight.pop(msg_id, None)
+        if entry is None:
+            raise ChannelError(self._not_in_flight_reason(msg_id))
+        now = time.monotonic()
+        deadline = now + client.msg_timeout
+        max_deadline = entry[5] + self._nsqd.opts.max_msg_timeout
+        if deadline >= max_deadline:
+            deadline = max_deadline
+            client.irregular_in_flight = True
+        in_flight[msg_id] = (entry[0], entry[1], entry[2], entry[3], deadline, entry[5])
+
+    def _not_in_flight_reason(self, msg_id: bytes) -> str:
+        if any(msg_id in c.in_flight for c in self.clients) or any(
+            msg_id in d for d in self._orphans
+        ):
+            return "client does not own message"
+        return "ID not in flight"
+
+    def _put_back(self, msg: Message) -> None:
+        """A requeued or timed-out message goes back on the queue (not counted again)."""
+        try:
+            self._enqueue([msg])
+        except BackendError as err:
+            self._nsqd.logf_error(
+                f"CHANNEL({self.topic_name}:{self.name}): failed to requeue message - {err}"
+            )
+
+    # -- the queue scan (in-flight timeouts and due deferred messages, spec §7.8) ----------
+
+    def has_scan_work(self) -> bool:
+        return bool(self._deferred or self._orphans or any(c.in_flight for c in self.clients))
+
+    def process_in_flight_queue(self, now: float) -> bool:
+        """Time out every in-flight message whose deadline has passed; True if any did."""
+        dirty = False
+        for client in self.clients:
+            if client.in_flight and self._expire(client.in_flight, now, client.irregular_in_flight):
+                dirty = True
+                if not client.in_flight:
+                    client.irregular_in_flight = False
+        if self._orphans:
+            for d in self._orphans:
+                if self._expire(d, now, True):
+                    dirty = True
+            self._orphans = [d for d in self._orphans if d]
+        if dirty:
+            self.dispatch()
+        return dirty
+
+    def _expire(self, in_flight: dict[bytes, InFlight], now: float, full_scan: bool) -> bool:
+        expired: list[InFlight] = []
+        for entry in in_flight.values():
+            if entry[4] <= now:
+                expired.append(entry)
+            elif not full_scan:
+                break
+        if not expired:
+            return False
+        for entry in expired:
+            del in_flight[entry[0]]
+            self._put_back(requeued(entry[0], entry[1], entry[2], entry[3]))
+        self.timeout_count += len(expired)
+        return True
+
+    def process_deferred_queue(self, now: float) -> bool:
+        deferred = self._deferred
+        if not deferred or deferred[0][0] > now:
+            return False
+        due: list[Message] = []
+        while deferred and deferred[0][0] <= now:
+            due.append(heapq.heappop(deferred)[2])
+        try:
+            self._enqueue(due)
+        except BackendError as err:
+            self._nsqd.logf_error(
+                f"CHANNEL({self.topic_name}:{self.name}): failed to queue deferred - {err}"
+            )
+        self.dispatch()
+        return True
+
+    # -- operations -----------------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+        self.dispatch()
+
+    def empty(self) -> None:
+        """Drop every queued, in-flight and deferred message (NSQ's Channel.Empty)."""
+        self._memory.clear()
+        self._deferred.clear()
+        self._orphans.clear()
+        for client in self.clients:
+            client.in_flight.clear()
+            client.irregular_in_flight = False
+        self._backend.empty()
+
+    def close(self, *, deleted: bool) -> None:
+        """Delete (empty, drop the backend) or close (write everything left to the backend)."""
+        if self.exiting:
+            return
+        self.exiting = True
+        for client in list(self.clients):
+            client.close_for_exit()
+        if deleted:
+            self.empty()
+            self._backend.delete()
+            return
+        self._flush_to_backend()
+        self._backend.close()
+
+    def _flush_to_backend(self) -> None:
+        msgs: list[Message] = list(self._memory)
+        self._memory.clear()
+        for client in self.clients:
+            msgs.extend(requeued(e[0], e[1], e[2], e[3]) for e in client.in_flight.values())
+            client.in_flight.clear()
+        for d in self._orphans:
+            msgs.extend(requeued(e[0], e[1], e[2], e[3]) for e in d.values())
+        self._orphans.clear()
+        msgs.extend(m for _, _, m in sorted(self._deferred))
+        self._deferred.clear()
+        if msgs:
+            try:
+                self._backend.put_many([to_payload(m) for m in msgs])
+            except BackendError as err:
+                self._nsqd.logf_error(
+                    f"CHANNEL({self.topic_name}:{self.name}): failed to flush {len(msgs)} messages - {err}"
+                )

@@ -1,0 +1,613 @@
+"""The TCP protocol V2 server side: one ``ClientV2`` per connection (spec §2).
+
+Bytes in → :class:`CommandParser` → a handler per command → engine calls → frames
+out. Everything one ``data_received`` brings is handled in one pass, and what the
+pass produces (responses, and messages delivered to this client) is written with a
+single ``transport.write`` at its end. Message frames otherwise follow NSQ's output
+buffering: flushed when the client stops being ready, when --output-buffer-size is
+reached, or when its output_buffer_timeout elapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from nsqpy import NSQ_VERSION
+from nsqpy.nsqd.backend import BackendError
+from nsqpy.nsqd.channel import Channel, ChannelError, InFlight
+from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from nsqpy.wire.v2 import (
+    FRAME_CLOSE_WAIT,
+    FRAME_HEARTBEAT,
+    FRAME_OK,
+    MAGIC_V2,
+    MSG_ID_LENGTH,
+    STATE_CLOSING,
+    STATE_INIT,
+    STATE_SUBSCRIBED,
+    Body,
+    CommandParser,
+    ConnectionFailure,
+    ProtocolError,
+    encode_error,
+    encode_response,
+    parse_base10,
+    wire_str,
+)
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.nsqd import NSQD
+
+DEFAULT_OUTPUT_BUFFER_SIZE: Final = 16 * 1024
+_client_ids = itertools.count(1)
+
+
+class ClientV2(asyncio.Protocol):
+    """One V2 connection: a producer, a consumer, or both."""
+
+    def __init__(self, nsqd: NSQD, registry: set[ClientV2]) -> None:
+        opts = nsqd.opts
+        self.nsqd = nsqd
+        self._registry = registry
+        self.id = next(_client_ids)
+        self.transport: asyncio.Transport | None = None
+        self.parser: CommandParser | None = None
+        self._magic = b""
+        self.state = STATE_INIT
+        self.channel: Channel | None = None
+        # Consumer interface (see channel.Consumer)
+        self.ready_count = 0
+        self.in_flight: dict[bytes, InFlight] = {}
+        self.irregular_in_flight = False
+        self.msg_timeout: float = opts.msg_timeout
+        self.sample_rate = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        # Identity and negotiated settings
+        self.client_id = ""
+        self.hostname = ""
+        self.user_agent = ""
+        self.remote_address = ""
+        self.connect_ts = int(time.time())
+        self.heartbeat_interval: float = opts.client_timeout / 2
+        self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout: float = opts.output_buffer_timeout
+        self.pub_counts: dict[str, int] = {}
+        # Output buffering
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._respond_now = False
+        self._in_batch = False
+        self._want_dispatch = False
+        self._flush_timer: asyncio.TimerHandle | None = None
+        # Deadlines (spec §2.1)
+        self._last_read = time.monotonic()
+        self._write_blocked_since = 0.0
+        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"{self.remote_address}"
+
+    # -- asyncio callbacks ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.remote_address = (
+                f"{peer[0]}:{peer[1]}" if ":" not in peer[0] else f"[{peer[0]}]:{peer[1]}"
+            )
+        else:
+            self.remote_address = str(peer or "")
+        host = self.remote_address.rsplit(":", 1)[0].strip("[]")
+        self.client_id = self.hostname = host
+        self._registry.add(self)
+        self.nsqd.logf_info(f"TCP: new client({self.remote_address})")
+        self._schedule_heartbeat()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._registry.discard(self)
+        for timer in (self._flush_timer, self._heartbeat_timer):
+            if timer is not None:
+                timer.cancel()
+        self._flush_timer = self._heartbeat_timer = None
+        self._out = []
+        if self.parser is not None:
+            self.nsqd.logf_info(f"PROTOCOL(V2): [{self}] exiting ioloop")
+        if self.channel is not None:
+            channel, self.channel = self.channel, None
+            channel.remove_client(self)
+
+    def pause_writing(self) -> None:
+        self._write_blocked_since = time.monotonic()
+
+    def resume_writing(self) -> None:
+        self._write_blocked_since = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        self._last_read = time.monotonic()
+        parser = self.parser
+        if parser is None:
+            data = self._read_magic(data)
+            parser = self.parser
+            if parser is None or not data:
+                return
+        parser.feed(data)
+        self._in_batch = True
+        handlers = _HANDLERS
+        try:
+            while not self._closed:
+                try:
+                    command = parser.next_command()
+                    if command is None:
+                        break
+                    params, body = command
+                    handler = handlers.get(params[0])
+                    if handler is None:
+                        raise ProtocolError("E_INVALID", f"invalid command {wire_str(params[0])}")
+                    handler(self, params, body)
+                except ProtocolError as err:
+                    self.nsqd.logger.error(f"[{self}] - {err.text}")
+                    self._out.append(encode_error(err.text))
+                    self._respond_now = True
+                    if err.fatal:
+                        self._close_after_flush()
+                        return
+        except ConnectionFailure as err:
+            self.nsqd.logger.error(f"[{self}] - {err}")
+            self._close_after_flush()
+            return
+        finally:
+            self._in_batch = False
+        self._end_batch()
+
+    def _read_magic(self, data: bytes) -> bytes:
+        need = 4 - len(self._magic)
+        self._magic += data[:need]
+        if len(self._magic) < 4:
+            return b""
+        if self._magic != MAGIC_V2:
+            self.nsqd.logger.error(
+                f"client({self.remote_address}) bad protocol magic '{wire_str(self._magic)}'"
+            )
+            self._out.append(encode_error("E_BAD_PROTOCOL"))
+            self._close_after_flush()
+            return b""
+        opts = self.nsqd.opts
+        self.parser = CommandParser(
+            opts.max_msg_size, opts.max_body_size, int(opts.max_req_timeout * 1000)
+        )
+        self.nsqd.logf_info(f"CLIENT({self.remote_address}): desired protocol magic '  V2'")
+        return data[need:]
+
+    # -- output --------------------------------------------------------------------------------
+
+    def _respond(self, frame: bytes) -> None:
+        self._out.append(frame)
+        self._respond_now = True
+
+    def send_messages(self, frames: list[bytes], count: int) -> None:
+        """Consumer interface: queue message frames, then apply the flush rules."""
+        if self._closed:
+            return
+        self._out.extend(frames)
+        self._out_bytes += sum(map(len, frames))
+        if not self._in_batch:
+            self._apply_flush_rules()
+
+    def _end_batch(self) -> None:
+        if self._want_dispatch:
+            self._want_dispatch = False
+            if self.channel is not None and self.state == STATE_SUBSCRIBED:
+                self.channel.dispatch()
+        if self._out:
+            self._apply_flush_rules()
+
+    def _apply_flush_rules(self) -> None:
+        if (
+            self._respond_now
+            or len(self.in_flight) >= self.ready_count
+            or self._out_bytes >= self.output_buffer_size
+            or self.output_buffer_timeout <= 0
+        ):
+            self._flush()
+        elif self._flush_timer is None:
+            loop = asyncio.get_running_loop()
+            self._flush_timer = loop.call_later(self.output_buffer_timeout, self._timed_flush)
+
+    def _timed_flush(self) -> None:
+        self._flush_timer = None
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        out = self._out
+        self._respond_now = False
+        if not out or self._closed or self.transport is None:
+            return
+        self._out = []
+        self._out_bytes = 0
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _close_after_flush(self) -> None:
+        self._flush()
+        self._closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def close_for_exit(self) -> None:
+        """Consumer interface: the channel is going away (deleted, or nsqd exiting)."""
+        self._close_after_flush()
+
+    def close(self) -> None:
+        self._close_after_flush()
+
+    # -- heartbeats and deadlines ----------------------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
+            self._heartbeat_timer = None
+        if self.heartbeat_interval > 0 and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._heartbeat_timer = loop.call_later(self.heartbeat_interval, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        self._heartbeat_timer = None
+        if self._closed:
+            return
+        now = time.monotonic()
+        interval = self.heartbeat_interval
+        if now - self._last_read >= 2 * interval:
+            self.nsqd.logger.error(f"[{self}] - read timeout: no command for {2 * interval:g}s")
+            self._abort()
+            return
+        if self._write_blocked_since and now - self._write_blocked_since >= interval:
+            self.nsqd.logger.error(f"[{self}] - write timeout")
+            self._abort()
+            return
+        self._respond(FRAME_HEARTBEAT)
+        self._flush()
+        self._schedule_heartbeat()
+        # the read deadline falls between ticks: check it when it is due
+        deadline = self._last_read + 2 * interval
+        if self._heartbeat_timer is not None and deadline < now + interval:
+            asyncio.get_running_loop().call_at(
+                asyncio.get_running_loop().time() + max(0.0, deadline - now),
+                self._check_read_deadline,
+            )
+
+    def _check_read_deadline(self) -> None:
+        if not self._closed and time.monotonic() - self._last_read >= 2 * self.heartbeat_interval:
+            self.nsqd.logger.error(f"[{self}] - read timeout")
+            self._abort()
+
+    def _abort(self) -> None:
+        self._closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def _identify(self, params: list[bytes], body: Body) -> None:
+        assert isinstance(body, bytes)
+        try:
+            data = json.loads(body)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+            fields = _IdentifyFields(data)
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        self.nsqd.logf_info(f"[{self}] IDENTIFY: {data}")
+        opts = self.nsqd.opts
+        self.client_id = fields.get_str("client_id") or self.client_id
+        self.hostname = fields.get_str("hostname") or self.hostname
+        self.user_agent = fields.get_str("user_agent")
+        try:
+            self._set_heartbeat_interval(fields.get_int("heartbeat_interval"))
+            self._set_output_buffer(
+                fields.get_int("output_buffer_size"), fields.get_int("output_buffer_timeout")
+            )
+            self._set_sample_rate(fields.get_int("sample_rate"))
+            self._set_msg_timeout(fields.get_int("msg_timeout"))
+        except ValueError as err:
+            raise ProtocolError("E_BAD_BODY", f"IDENTIFY {err}") from None
+        if not fields.get_bool("feature_negotiation"):
+            self._respond(FRAME_OK)
+            return
+        deflate = opts.deflate and fields.get_bool("deflate")
+        deflate_level = 6
+        if deflate and fields.get_int("deflate_level") > 0:
+            deflate_level = fields.get_int("deflate_level")
+        deflate_level = min(deflate_level, opts.max_deflate_level)
+        snappy = opts.snappy and fields.get_bool("snappy")
+        if deflate and snappy:
+            raise ProtocolError(
+                "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
+            )
+        # TLS, snappy and deflate upgrades arrive with their issue: until then none is granted.
+        reply = {
+            "max_rdy_count": opts.max_rdy_count,
+            "version": NSQ_VERSION,
+            "max_msg_timeout": int(opts.max_msg_timeout * 1000),
+            "msg_timeout": int(self.msg_timeout * 1000),
+            "tls_v1": False,
+            "deflate": False,
+            "deflate_level": deflate_level,
+            "max_deflate_level": opts.max_deflate_level,
+            "snappy": False,
+            "sample_rate": self.sample_rate,
+            "auth_required": bool(opts.auth_http_addresses),
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
+        }
+        self._respond(encode_response(json.dumps(reply, separators=(",", ":")).encode()))
+
+    def _set_heartbeat_interval(self, ms: int) -> None:
+        if ms == -1:
+            self.heartbeat_interval = 0
+        elif ms == 0:
+            return
+        elif 1000 <= ms <= self.nsqd.opts.max_heartbeat_interval * 1000:
+            self.heartbeat_interval = ms / 1000
+        else:
+            raise ValueError(f"heartbeat interval ({ms}) is invalid")
+        self._schedule_heartbeat()
+
+    def _set_output_buffer(self, size: int, timeout_ms: int) -> None:
+        opts = self.nsqd.opts
+        if timeout_ms == -1:
+            self.output_buffer_timeout = 0
+        elif timeout_ms == 0:
+            pass
+        elif (
+            opts.min_output_buffer_timeout * 1000
+            <= timeout_ms
+            <= opts.max_output_buffer_timeout * 1000
+        ):
+            self.output_buffer_timeout = timeout_ms / 1000
+        else:
+            raise ValueError(f"output buffer timeout ({timeout_ms}) is invalid")
+        if size == -1:
+            self.output_buffer_size = 1
+            self.output_buffer_timeout = 0
+        elif size == 0:
+            pass
+        elif 64 <= size <= opts.max_output_buffer_size:
+            self.output_buffer_size = size
+        else:
+            raise ValueError(f"output buffer size ({size}) is invalid")
+
+    def _set_sample_rate(self, rate: int) -> None:
+        if not 0 <= rate <= 99:
+            raise ValueError(f"sample rate ({rate}) is invalid")
+        self.sample_rate = rate
+
+    def _set_msg_timeout(self, ms: int) -> None:
+        if ms == 0:
+            return
+        if 1000 <= ms <= self.nsqd.opts.max_msg_timeout * 1000:
+            self.msg_timeout = ms / 1000
+        else:
+            raise ValueError(f"msg timeout ({ms}) is invalid")
+
+    def _auth(self, params: list[bytes], body: Body) -> None:
+        # The auth server protocol arrives with its issue; until then auth is never enabled.
+        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+
+    def _sub(self, params: list[bytes], body: Body) -> None:
+        if self.state != STATE_INIT:
+            raise ProtocolError("E_INVALID", "cannot SUB in current state")
+        if self.heartbeat_interval <= 0:
+            raise ProtocolError("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
+        topic_name = wire_str(params[1])
+        if not is_valid_topic_name(topic_name):
+            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {go_quote(params[1])} is not valid")
+        channel_name = wire_str(params[2])
+        if not is_valid_channel_name(channel_name):
+            raise ProtocolError(
+                "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
+            )
+        if self.nsqd.exiting:
+            raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
+        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
+        try:
+            channel.add_client(self)
+        except ChannelError as err:
+            raise ProtocolError("E_SUB_FAILED", f"SUB failed {err}") from None
+        self.state = STATE_SUBSCRIBED
+        assert self.parser is not None
+        self.parser.state = STATE_SUBSCRIBED
+        self.channel = channel
+        self._respond(FRAME_OK)
+
+    def _rdy(self, params: list[bytes], body: Body) -> None:
+        if self.state == STATE_CLOSING:
+            self.nsqd.logf_info(
+                f"PROTOCOL(V2): [{self}] ignoring RDY after CLS in state ClientStateV2Closing"
+            )
+            return
+        if self.state != STATE_SUBSCRIBED:
+            raise ProtocolError("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if len(params) > 1:
+            parsed = parse_base10(params[1])
+            if parsed is None:
+                raise ProtocolError("E_INVALID", f"RDY could not parse count {wire_str(params[1])}")
+            count = parsed - (1 << 64) if parsed >= 1 << 63 else parsed  # Go's int64(uint64)
+        max_rdy = self.nsqd.opts.max_rdy_count
+        if count < 0 or count > max_rdy:
+            raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
+        self.ready_count = count
+        self._want_dispatch = True
+
+    def _check_ack(self, cmd: str, params: list[bytes], min_params: int) -> bytes:
+        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
+            raise ProtocolError("E_INVALID", f"cannot {cmd} in current state")
+        if len(params) < min_params:
+            raise ProtocolError("E_INVALID", f"{cmd} insufficient number of params")
+        msg_id = params[1]
+        if len(msg_id) != MSG_ID_LENGTH:
+            raise ProtocolError("E_INVALID", "invalid message ID")
+        return msg_id
+
+    def _fin(self, params: list[bytes], body: Body) -> None:
+        if self.state == STATE_SUBSCRIBED and len(params) == 2 and len(params[1]) == MSG_ID_LENGTH:
+            msg_id = params[1]  # the common case, checked in one line
+        else:
+            msg_id = self._check_ack("FIN", params, 2)
+        assert self.channel is not None
+        try:
+            self.channel.finish(self, msg_id)
+        except ChannelError as err:
+            raise ProtocolError(
+                "E_FIN_FAILED", f"FIN {wire_str(msg_id)} failed {err}", fatal=False
+            ) from None
+        self._want_dispatch = True
+
+    def _req(self, params: list[bytes], body: Body) -> None:
+        msg_id = self._check_ack("REQ", params, 3)
+        timeout_ms = parse_base10(params[2])
+        if timeout_ms is None:
+            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {wire_str(params[2])}")
+        max_ms = int(self.nsqd.opts.max_req_timeout * 1000)
+        if timeout_ms > max_ms:
+            self.nsqd.logf_info(
+                f"PROTOCOL(V2): [{self}] REQ timeout {timeout_ms}ms out of range 0-{max_ms}ms. Setting to {max_ms}ms"
+            )
+            timeout_ms = max_ms
+        assert self.channel is not None
+        try:
+            self.channel.requeue(self, msg_id, timeout_ms / 1000)
+        except ChannelError as err:
+            raise ProtocolError(
+                "E_REQ_FAILED", f"REQ {wire_str(msg_id)} failed {err}", fatal=False
+            ) from None
+        self._want_dispatch = True
+
+    def _touch(self, params: list[bytes], body: Body) -> None:
+        msg_id = self._check_ack("TOUCH", params, 2)
+        assert self.channel is not None
+        try:
+            self.channel.touch(self, msg_id)
+        except ChannelError as err:
+            raise ProtocolError(
+                "E_TOUCH_FAILED", f"TOUCH {wire_str(msg_id)} failed {err}", fatal=False
+            ) from None
+
+    def _cls(self, params: list[bytes], body: Body) -> None:
+        if self.state != STATE_SUBSCRIBED:
+            raise ProtocolError("E_INVALID", "cannot CLS in current state")
+        self.ready_count = 0
+        self.state = STATE_CLOSING
+        assert self.parser is not None
+        self.parser.state = STATE_CLOSING
+        self._respond(FRAME_CLOSE_WAIT)
+
+    def _nop(self, params: list[bytes], body: Body) -> None:
+        pass
+
+    def _pub(self, params: list[bytes], body: Body) -> None:
+        assert isinstance(body, bytes)
+        self._publish("PUB", "E_PUB_FAILED", params[1], [body])
+
+    def _mpub(self, params: list[bytes], body: Body) -> None:
+        assert isinstance(body, list)
+        self._publish("MPUB", "E_MPUB_FAILED", params[1], body)
+
+    def _dpub(self, params: list[bytes], body: Body) -> None:
+        assert isinstance(body, bytes)
+        delay_ms = parse_base10(params[2]) or 0  # the parser validated it
+        if delay_ms == 0:
+            self._publish("DPUB", "E_DPUB_FAILED", params[1], [body])
+            return
+        topic_name = wire_str(params[1])
+        try:
+            if self.nsqd.exiting:
+                raise BackendError("exiting")
+            self.nsqd.get_topic(topic_name).put_deferred(body, delay_ms / 1000)
+        except BackendError as err:
+            raise ProtocolError("E_DPUB_FAILED", f"DPUB failed {err}") from None
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + 1
+        self._respond(FRAME_OK)
+
+    def _publish(self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes]) -> None:
+        topic_name = wire_str(topic_bytes)
+        try:
+            if self.nsqd.exiting:
+                raise BackendError("exiting")
+            self.nsqd.get_topic(topic_name).put_messages(bodies)
+        except BackendError as err:
+            raise ProtocolError(code, f"{cmd} failed {err}") from None
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        self._respond(FRAME_OK)
+
+
+class _IdentifyFields:
+    """IDENTIFY's JSON read like Go's json.Unmarshal into identifyDataV2: keys match
+    case-insensitively, null leaves the zero value, a wrongly typed value is an error."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = {k.lower(): v for k, v in reversed(list(data.items()))}
+        # exact-case keys win over case-insensitive ones, as in Go
+        self._data.update({k: v for k, v in data.items() if k == k.lower()})
+
+    def get_int(self, key: str) -> int:
+        value = self._data.get(key)
+        if value is None:
+            return 0
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not -(1 << 63) <= value < 1 << 63
+        ):
+            raise ValueError(key)
+        return value
+
+    def get_bool(self, key: str) -> bool:
+        value = self._data.get(key)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise ValueError(key)
+        return value
+
+    def get_str(self, key: str) -> str:
+        value = self._data.get(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise ValueError(key)
+        return value
+
+
+_HANDLERS: dict[bytes, Callable[[ClientV2, list[bytes], Body], None]] = {
+    b"IDENTIFY": ClientV2._identify,
+    b"AUTH": ClientV2._auth,
+    b"SUB": ClientV2._sub,
+    b"RDY": ClientV2._rdy,
+    b"FIN": ClientV2._fin,
+    b"REQ": ClientV2._req,
+    b"TOUCH": ClientV2._touch,
+    b"CLS": ClientV2._cls,
+    b"NOP": ClientV2._nop,
+    b"PUB": ClientV2._pub,
+    b"MPUB": ClientV2._mpub,
+    b"DPUB": ClientV2._dpub,
+}

@@ -1,0 +1,241 @@
+"""A topic: copies every message to each of its channels (spec §7.1).
+
+Go runs a pump goroutine between the topic's queue and its channels. Here a publish
+goes straight into the channels when the topic is *flowing* (it has channels, is
+not paused and has no backlog), which is what Go's pump would do at once. Otherwise
+messages wait in the topic's own queue (memory, then backend) and the engine drains
+that backlog in bounded steps once the topic flows again, so that order is kept and
+the event loop is never held for long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from itertools import repeat
+from typing import TYPE_CHECKING
+
+from nsqpy.nsqd.backend import BackendError, BackendQueue
+from nsqpy.nsqd.channel import Channel
+from nsqpy.nsqd.message import GUIDFactory, Message, from_payload, to_payload
+from nsqpy.wire.names import is_ephemeral
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.nsqd import NSQD
+
+# A backlog entry is a Message, or a deferred one carrying its delay as a fifth field.
+BacklogEntry = tuple[bytes, int, int, bytes] | tuple[bytes, int, int, bytes, float]
+
+
+class Topic:
+    __slots__ = (
+        "_backend",
+        "_flowing",
+        "_ids",
+        "_memory",
+        "_nsqd",
+        "channels",
+        "ephemeral",
+        "exiting",
+        "message_bytes",
+        "message_count",
+        "name",
+        "paused",
+    )
+
+    def __init__(self, name: str, nsqd: NSQD, backend: BackendQueue) -> None:
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self._nsqd = nsqd
+        self._backend = backend
+        self._memory: deque[BacklogEntry] = deque()
+        self._ids = GUIDFactory(nsqd.opts.node_id)
+        self.channels: dict[str, Channel] = {}
+        self.paused = False
+        self.exiting = False
+        self.message_count = 0
+        self.message_bytes = 0
+        # Channels that take publishes directly right now (see the module docstring).
+        self._flowing: list[Channel] = []
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name})"
+
+    @property
+    def depth(self) -> int:
+        return len(self._memory) + self._backend.depth()
+
+    @property
+    def backend_depth(self) -> int:
+        return self._backend.depth()
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def put_messages(self, bodies: list[bytes]) -> None:
+        """PUB and MPUB: all the messages are queued, or none (raises BackendError)."""
+        if self.exiting:
+            raise BackendError("exiting")
+        ids = self._ids.new_ids(len(bodies))
+        msgs: list[Message] = list(
+            zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False)
+        )
+        if self._flowing:
+            for channel in self._flowing:
+                channel.put_many(msgs)
+        else:
+            self._put_backlog(msgs)
+        self.message_count += len(msgs)
+        self.message_bytes += sum(map(len, bodies))
+
+    def put_deferred(self, body: bytes, delay: float) -> None:
+        """DPUB: the message enters each channel's deferred queue."""
+        if self.exiting:
+            raise BackendError("exiting")
+        msg: Message = (self._ids.new_id(), time.time_ns(), 0, body)
+        if self._flowing:
+            for channel in self._flowing:
+                channel.put_deferred(msg, delay)
+        elif len(self._memory) < self._nsqd.opts.mem_queue_size:
+            self._memory.append((*msg, delay))
+        else:
+            # Go writes it to the backend, where the deferral is lost (spec §11).
+            self._backend.put(to_payload(msg))
+        self.message_count += 1
+        self.message_bytes += len(body)
+
+    def _put_backlog(self, msgs: list[Message]) -> None:
+        memory = self._memory
+        room = self._nsqd.opts.mem_queue_size - len(memory)
+        if room < len(msgs):
+            self._backend.put_many([to_payload(m) for m in msgs[max(room, 0) :]])
+            msgs = msgs[:room] if room > 0 else []
+        memory.extend(msgs)
+        if self.channels and not self.paused:
+            self._nsqd.request_pump(self)
+
+    # -- the backlog pump -----------------------------------------------------------------
+
+    def pump(self, budget: int) -> bool:
+        """Move up to ``budget`` backlog messages into the channels; True if more remain."""
+        live = [c for c in self.channels.values() if not c.exiting]
+        if not live or self.paused or self.exiting:
+            return False
+        moved = 0
+        while moved < budget:
+            batch: list[BacklogEntry]
+            if self._memory:
+                count = min(budget - moved, len(self._memory))
+                popleft = self._memory.popleft
+                batch = [popleft() for _ in range(count)]
+            elif self._backend.depth():
+                try:
+                    batch = [from_payload(p) for p in self._backend.read_many(budget - moved)]
+                except (BackendError, ValueError) as err:
+                    self._nsqd.logf_error(
+                        f"TOPIC({self.name}): failed to read from backend - {err}"
+                    )
+                    break
+                if not batch:
+                    break
+            else:
+                break
+            moved += len(batch)
+            plain: list[Message] = []
+            for entry in batch:
+                if len(entry) == 5:
+                    for channel in live:
+                        channel.put_deferred(entry[:4], entry[4])
+                else:
+                    plain.append(entry)
+            for channel in live:
+                try:
+                    channel.put_many(plain)
+                except BackendError as err:
+                    self._nsqd.logf_error(
+                        f"TOPIC({self.name}): failed to put msg(s) to channel({channel.name}) - {err}"
+                    )
+        if self._memory or self._backend.depth():
+            return True
+        self._update_flowing()
+        return False
+
+    def _update_flowing(self) -> None:
+        has_backlog = bool(self._memory) or self._backend.depth() > 0
+        if self.paused or self.exiting or has_backlog:
+            self._flowing = []
+        else:
+            self._flowing = [c for c in self.channels.values() if not c.exiting]
+        if has_backlog and self.channels and not self.paused:
+            self._nsqd.request_pump(self)
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def get_channel(self, name: str) -> Channel:
+        """The channel, created (and announced) if it does not exist."""
+        channel = self.channels.get(name)
+        if channel is None:
+            backend = self._nsqd.new_backend(
+                f"{self.name}:{name}", self.ephemeral or is_ephemeral(name)
+            )
+            channel = Channel(self.name, name, self._nsqd, backend)
+            self.channels[name] = channel
+            self._nsqd.logf_info(f"TOPIC({self.name}): new channel({name})")
+            self._update_flowing()
+            self._nsqd.notify_channel_created(channel)
+        return channel
+
+    def delete_channel(self, name: str) -> None:
+        """Delete the channel (closes its consumers); raises KeyError if it does not exist."""
+        channel = self.channels[name]
+        self._nsqd.logf_info(f"TOPIC({self.name}): deleting channel {name}")
+        channel.close(deleted=True)
+        del self.channels[name]
+        self._update_flowing()
+        self._nsqd.notify_channel_deleted(channel)
+        if not self.channels and self.ephemeral:
+            self._nsqd.delete_topic(self.name)
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        self.paused = True
+        self._update_flowing()
+
+    def unpause(self) -> None:
+        self.paused = False
+        self._update_flowing()
+
+    def empty(self) -> None:
+        self._memory.clear()
+        self._backend.empty()
+        self._update_flowing()
+
+    def close(self, *, deleted: bool) -> None:
+        """Delete (channels too, files removed) or close (everything left goes to the backends)."""
+        if self.exiting:
+            return
+        self.exiting = True
+        self._flowing = []
+        if deleted:
+            for channel in list(self.channels.values()):
+                channel.close(deleted=True)
+                self._nsqd.notify_channel_deleted(channel)
+            self.channels.clear()
+            self._memory.clear()
+            self._backend.empty()
+            self._backend.delete()
+            return
+        for channel in self.channels.values():
+            channel.close(deleted=False)
+        if self._memory:
+            payloads: list[bytes] = []
+            for entry in self._memory:
+                payloads.append(to_payload(entry[:4]))
+            self._memory.clear()
+            try:
+                self._backend.put_many(payloads)
+            except BackendError as err:
+                self._nsqd.logf_error(
+                    f"TOPIC({self.name}): failed to flush {len(payloads)} messages - {err}"
+                )
+        self._backend.close()

@@ -1,0 +1,450 @@
+"""NSQ TCP protocol V2: a pure codec (spec §2), no I/O and no asyncio.
+
+Server side: :class:`CommandParser` turns the bytes a client sends into commands,
+raising :class:`ProtocolError` with NSQ's exact error strings as soon as the input
+is known to be wrong. Client side: :class:`FrameParser` turns the bytes nsqd sends
+into frames, and the ``encode_*`` functions build every command.
+
+A command is ``(params, body)``: ``params`` is the command line split on single
+spaces exactly like Go's ``bytes.Split`` (``params[0]`` is the command name) and
+``body`` is ``None``, the body ``bytes`` (IDENTIFY, AUTH, PUB, DPUB) or, for MPUB,
+the list of message bodies. Plain tuples keep the per-command cost low: a consumer
+sends one FIN per message.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, TypeAlias
+
+from nsqpy.wire.names import go_quote, is_valid_topic_name
+
+MAGIC_V2: Final = b"  V2"
+
+FRAME_TYPE_RESPONSE: Final = 0
+FRAME_TYPE_ERROR: Final = 1
+FRAME_TYPE_MESSAGE: Final = 2
+
+# Client states as nsqd reports them in /stats (spec §2.2).
+STATE_INIT: Final = 0
+STATE_SUBSCRIBED: Final = 3
+STATE_CLOSING: Final = 4
+
+# A message payload: int64 timestamp (ns), uint16 attempts, 16 hex chars of ID, body.
+MESSAGE_HEADER_SIZE: Final = 26
+MSG_ID_LENGTH: Final = 16
+
+# Go's bufio.Reader on the connection is 16 KiB: a longer command line fails the read
+# and nsqd closes the connection (no error frame).
+MAX_LINE_LENGTH: Final = 16 * 1024
+
+Body: TypeAlias = bytes | list[bytes] | None
+Command: TypeAlias = tuple[list[bytes], Body]
+
+_INT32 = struct.Struct(">i")
+_FRAME_HEADER = struct.Struct(">ii")
+# Frame size, frame type, timestamp, attempts, ID: everything of a message frame but the body.
+MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH16s")
+_MESSAGE = struct.Struct(">qH16s")
+
+
+class ProtocolError(Exception):
+    """The peer broke the protocol; nsqd answers with an error frame ``"<code> <desc>"``.
+
+    ``fatal`` errors close the connection after the frame (all but FIN/REQ/TOUCH failures).
+    """
+
+    def __init__(self, code: str, desc: str, *, fatal: bool = True) -> None:
+        super().__init__(f"{code} {desc}")
+        self.code = code
+        self.desc = desc
+        self.fatal = fatal
+
+    @property
+    def text(self) -> str:
+        return f"{self.code} {self.desc}"
+
+
+class ConnectionFailure(Exception):
+    """The connection cannot go on and no error frame is due (Go closes it silently)."""
+
+
+def parse_base10(value: bytes) -> int | None:
+    """NSQ's ``protocol.ByteToBase10``: digits only, empty means 0, wraps like a uint64."""
+    if value and not value.isdigit():
+        return None
+    return int(value) % (1 << 64) if value else 0
+
+
+def wire_str(value: bytes) -> str:
+    """Wire bytes as text that encodes back to the same bytes (for error strings)."""
+    return value.decode("utf-8", "surrogateescape")
+
+
+def _fatal(code: str, desc: str) -> ProtocolError:
+    return ProtocolError(code, desc)
+
+
+class CommandParser:
+    """Incremental parser for the commands a V2 client sends (after the magic).
+
+    ``feed`` bytes as they arrive, then call ``next_command`` until it returns ``None``.
+    Errors raise :class:`ProtocolError` (send it, then close) or
+    :class:`ConnectionFailure` (close). The owner keeps ``state`` in step with the
+    client's state: IDENTIFY and AUTH are refused before their body is read, as Go does.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_mpub",
+        "_need",
+        "_pending",
+        "_pending_len",
+        "_pos",
+        "max_body_size",
+        "max_msg_size",
+        "max_req_timeout_ms",
+        "state",
+    )
+
+    def __init__(self, max_msg_size: int, max_body_size: int, max_req_timeout_ms: int) -> None:
+        self.max_msg_size = max_msg_size
+        self.max_body_size = max_body_size
+        self.max_req_timeout_ms = max_req_timeout_ms
+        self.state = STATE_INIT
+        self._buf = b""
+        self._pos = 0
+        # Bytes (counted from _pos) needed before parsing can progress; lets large
+        # bodies accumulate as a list of chunks that is joined once.
+        self._need = 0
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        # Resumable MPUB progress: (offset of next message from _pos, bodies, count).
+        self._mpub: tuple[int, list[bytes], int] | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Add received bytes."""
+        if self._pending or (self._need and len(self._buf) - self._pos + len(data) < self._need):
+            self._pending.append(data)
+            self._pending_len += len(data)
+            if len(self._buf) - self._pos + self._pending_len < self._need:
+                return
+            data = b"".join(self._pending)
+            self._pending.clear()
+            self._pending_len = 0
+        if self._pos >= len(self._buf):
+            self._buf = data
+        else:
+            self._buf = self._buf[self._pos :] + data
+        self._pos = 0
+        self._need = 0
+
+    def buffered(self) -> int:
+        """Bytes received but not yet consumed by a complete command."""
+        return len(self._buf) - self._pos + self._pending_len
+
+    def next_command(self) -> Command | None:
+        """The next complete command, or ``None`` until more bytes are fed."""
+        if self._need:
+            return None
+        buf = self._buf
+        pos = self._pos
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            if len(buf) - pos > MAX_LINE_LENGTH:
+                raise ConnectionFailure("failed to read command - bufio: buffer full")
+            return None
+        if nl - pos > MAX_LINE_LENGTH:
+            raise ConnectionFailure("failed to read command - bufio: buffer full")
+        end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl  # strip one '\r'
+        params = buf[pos:end].split(b" ")
+        name = params[0]
+        if name in _BODY_COMMANDS:
+            return self._body_command(name, params, nl + 1)
+        self._pos = nl + 1
+        return (params, None)
+
+    # -- commands with a body ---------------------------------------------------------
+
+    def _body_command(self, name: bytes, params: list[bytes], start: int) -> Command | None:
+        if name == b"MPUB":
+            return self._mpub_command(params, start)
+        if name == b"PUB":
+            if len(params) < 2:
+                raise _fatal("E_INVALID", "PUB insufficient number of parameters")
+            self._check_topic(b"PUB", params[1])
+            return self._message_body(b"PUB", params, start)
+        if name == b"DPUB":
+            if len(params) < 3:
+                raise _fatal("E_INVALID", "DPUB insufficient number of parameters")
+            self._check_topic(b"DPUB", params[1])
+            timeout_ms = parse_base10(params[2])
+            if timeout_ms is None:
+                raise _fatal("E_INVALID", f"DPUB could not parse timeout {wire_str(params[2])}")
+            if timeout_ms > self.max_req_timeout_ms:
+                raise _fatal(
+                    "E_INVALID",
+                    f"DPUB timeout {timeout_ms} out of range 0-{self.max_req_timeout_ms}",
+                )
+            return self._message_body(b"DPUB", params, start)
+        if name == b"IDENTIFY":
+            if self.state != STATE_INIT:
+                raise _fatal("E_INVALID", "cannot IDENTIFY in current state")
+            return self._sized_body(b"IDENTIFY", params, start, too_big_first=True)
+        # AUTH
+        if self.state != STATE_INIT:
+            raise _fatal("E_INVALID", "cannot AUTH in current state")
+        if len(params) != 1:
+            raise _fatal("E_INVALID", "AUTH invalid number of parameters")
+        return self._sized_body(b"AUTH", params, start, too_big_first=False)
+
+    def _check_topic(self, cmd: bytes, topic: bytes) -> None:
+        if not is_valid_topic_name(wire_str(topic)):
+            raise _fatal("E_BAD_TOPIC", f"{cmd.decode()} topic name {go_quote(topic)} is not valid")
+
+    def _wait(self, upto: int) -> None:
+        self._need = upto - self._pos
+
+    def _message_body(self, cmd: bytes, params: list[bytes], start: int) -> Command | None:
+        buf = self._buf
+        if len(buf) < start + 4:
+            self._wait(start + 4)
+            return None
+        (size,) = _INT32.unpack_from(buf, start)
+        c = cmd.decode()
+        if size <= 0:
+            raise _fatal("E_BAD_MESSAGE", f"{c} invalid message body size {size}")
+        if size > self.max_msg_size:
+            raise _fatal("E_BAD_MESSAGE", f"{c} message too big {size} > {self.max_msg_size}")
+        end = start + 4 + size
+        if len(buf) < end:
+            self._wait(end)
+            return None
+        self._pos = end
+        return (params, buf[start + 4 : end])
+
+    def _sized_body(
+        self, cmd: bytes, params: list[bytes], start: int, *, too_big_first: bool
+    ) -> Command | None:
+        buf = self._buf
+        if len(buf) < start + 4:
+            self._wait(start + 4)
+            return None
+        (size,) = _INT32.unpack_from(buf, start)
+        c = cmd.decode()
+        too_big = size > self.max_body_size
+        if too_big and too_big_first:
+            raise _fatal("E_BAD_BODY", f"{c} body too big {size} > {self.max_body_size}")
+        if size <= 0:
+            raise _fatal("E_BAD_BODY", f"{c} invalid body size {size}")
+        if too_big:
+            raise _fatal("E_BAD_BODY", f"{c} body too big {size} > {self.max_body_size}")
+        end = start + 4 + size
+        if len(buf) < end:
+            self._wait(end)
+            return None
+        self._pos = end
+        return (params, buf[start + 4 : end])
+
+    def _mpub_command(self, params: list[bytes], start: int) -> Command | None:
+        if len(params) < 2:
+            raise _fatal("E_INVALID", "MPUB insufficient number of parameters")
+        topic = params[1]
+        if not is_valid_topic_name(wire_str(topic)):
+            # The code really is in the description twice (Go quirk, spec §2.3).
+            raise _fatal(
+                "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(topic)} is not valid"
+            )
+        buf = self._buf
+        pos = self._pos
+        if self._mpub is None:
+            if len(buf) < start + 8:
+                self._wait(start + 4 if len(buf) < start + 4 else start + 8)
+                if len(buf) >= start + 4:
+                    self._check_mpub_size(_INT32.unpack_from(buf, start)[0])
+                return None
+            body_size, count = struct.unpack_from(">ii", buf, start)
+            self._check_mpub_size(body_size)
+            if count <= 0 or count > (self.max_body_size - 4) // 5:
+                raise _fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
+            # The declared size is only range-checked (Go reads `count` messages whatever
+            # it says) but it is the right amount of data to wait for in the honest case.
+            if len(buf) < start + 4 + body_size:
+                self._wait(start + 4 + body_size)
+                return None
+            offset = start + 8 - pos
+            bodies: list[bytes] = []
+        else:
+            offset, bodies, count = self._mpub
+        max_msg_size = self.max_msg_size
+        unpack = _INT32.unpack_from
+        append = bodies.append
+        n = len(buf)
+        i = len(bodies)
+        p = pos + offset
+        while i < count:
+            if n < p + 4:
+                self._mpub = (p - pos, bodies, count)
+                self._wait(p + 4)
+                return None
+            (size,) = unpack(buf, p)
+            if size <= 0:
+                raise _fatal("E_BAD_MESSAGE", f"MPUB invalid message({i}) body size {size}")
+            if size > max_msg_size:
+                raise _fatal("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
+            end = p + 4 + size
+            if n < end:
+                self._mpub = (p - pos, bodies, count)
+                self._wait(end)
+                return None
+            append(buf[p + 4 : end])
+            p = end
+            i += 1
+        self._mpub = None
+        self._pos = p
+        return (params, bodies)
+
+    def _check_mpub_size(self, body_size: int) -> None:
+        if body_size <= 0:
+            raise _fatal("E_BAD_BODY", f"MPUB invalid body size {body_size}")
+        if body_size > self.max_body_size:
+            raise _fatal("E_BAD_BODY", f"MPUB body too big {body_size} > {self.max_body_size}")
+
+
+_BODY_COMMANDS: Final = frozenset((b"PUB", b"MPUB", b"DPUB", b"IDENTIFY", b"AUTH"))
+
+
+# -- frames (server → client) ---------------------------------------------------------
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    """``[size][frame type][data]`` with ``size = 4 + len(data)``."""
+    return _FRAME_HEADER.pack(len(data) + 4, frame_type) + data
+
+
+def encode_response(data: bytes) -> bytes:
+    return encode_frame(FRAME_TYPE_RESPONSE, data)
+
+
+def encode_error(text: str) -> bytes:
+    return encode_frame(FRAME_TYPE_ERROR, text.encode("utf-8", "surrogateescape"))
+
+
+def encode_message_frame(msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> bytes:
+    return (
+        MESSAGE_FRAME_HEADER.pack(len(body) + 30, FRAME_TYPE_MESSAGE, timestamp, attempts, msg_id)
+        + body
+    )
+
+
+def encode_message(msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> bytes:
+    """The message payload of §2.1, also the on-disk record payload."""
+    return _MESSAGE.pack(timestamp, attempts, msg_id) + body
+
+
+def decode_message(payload: bytes) -> tuple[bytes, int, int, bytes]:
+    """``(id, timestamp_ns, attempts, body)`` from a message payload."""
+    if len(payload) < MESSAGE_HEADER_SIZE:
+        raise ValueError(f"message payload too short: {len(payload)} bytes")
+    timestamp, attempts, msg_id = _MESSAGE.unpack_from(payload)
+    return (msg_id, timestamp, attempts, payload[MESSAGE_HEADER_SIZE:])
+
+
+FRAME_OK: Final = encode_response(b"OK")
+FRAME_HEARTBEAT: Final = encode_response(b"_heartbeat_")
+FRAME_CLOSE_WAIT: Final = encode_response(b"CLOSE_WAIT")
+
+
+class FrameParser:
+    """Incremental parser for the frames nsqd sends: ``feed`` returns complete frames."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        buf = self._buf + data if self._buf else data
+        frames: list[tuple[int, bytes]] = []
+        pos = 0
+        n = len(buf)
+        unpack = _FRAME_HEADER.unpack_from
+        while n - pos >= 8:
+            size, frame_type = unpack(buf, pos)
+            if size < 4:
+                raise ValueError(f"invalid frame size {size}")
+            end = pos + 4 + size
+            if end > n:
+                break
+            frames.append((frame_type, buf[pos + 8 : end]))
+            pos = end
+        self._buf = buf[pos:]
+        return frames
+
+
+# -- commands (client → server) ---------------------------------------------------------
+
+
+def encode_command(name: bytes, *params: bytes, body: bytes | None = None) -> bytes:
+    line = b" ".join((name, *params)) + b"\n"
+    if body is None:
+        return line
+    return line + _INT32.pack(len(body)) + body
+
+
+def encode_identify(data: Mapping[str, Any]) -> bytes:
+    return encode_command(b"IDENTIFY", body=json.dumps(data).encode())
+
+
+def encode_auth(secret: bytes) -> bytes:
+    return encode_command(b"AUTH", body=secret)
+
+
+def encode_sub(topic: str, channel: str) -> bytes:
+    return encode_command(b"SUB", topic.encode(), channel.encode())
+
+
+def encode_rdy(count: int) -> bytes:
+    return b"RDY %d\n" % count
+
+
+def encode_fin(msg_id: bytes) -> bytes:
+    return b"FIN " + msg_id + b"\n"
+
+
+def encode_req(msg_id: bytes, delay_ms: int) -> bytes:
+    return b"REQ %s %d\n" % (msg_id, delay_ms)
+
+
+def encode_touch(msg_id: bytes) -> bytes:
+    return b"TOUCH " + msg_id + b"\n"
+
+
+def encode_cls() -> bytes:
+    return b"CLS\n"
+
+
+def encode_nop() -> bytes:
+    return b"NOP\n"
+
+
+def encode_pub(topic: str, body: bytes) -> bytes:
+    return encode_command(b"PUB", topic.encode(), body=body)
+
+
+def encode_dpub(topic: str, delay_ms: int, body: bytes) -> bytes:
+    return encode_command(b"DPUB", topic.encode(), b"%d" % delay_ms, body=body)
+
+
+def encode_mpub(topic: str, bodies: Iterable[bytes]) -> bytes:
+    parts = [b""]
+    count = 0
+    for body in bodies:
+        parts.append(_INT32.pack(len(body)))
+        parts.append(body)
+        count += 1
+    parts[0] = _INT32.pack(count)
+    payload = b"".join(parts)
+    return b"MPUB " + topic.encode() + b"\n" + _INT32.pack(len(payload)) + payload
