@@ -8,30 +8,32 @@ from enum import IntEnum
 from typing import TextIO
 
 
-class Level(IntEnum):
+class LogLevel(IntEnum):
+    """NSQ's ``lg.LogLevel``; every NSQ binary has a ``--log-level`` flag of this type."""
+
     DEBUG = 1
     INFO = 2
     WARN = 3
     ERROR = 4
     FATAL = 5
 
+    @classmethod
+    def parse(cls, text: str) -> LogLevel:
+        """Parse a level name case-insensitively, as ``lg.ParseLogLevel`` does."""
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(
+                f"invalid log level '{text}' (debug, info, warn, error, fatal)"
+            ) from None
 
-# Go's lg.LogLevel.String()
-_LEVEL_NAMES = {
-    Level.DEBUG: "DEBUG",
-    Level.INFO: "INFO",
-    Level.WARN: "WARNING",
-    Level.ERROR: "ERROR",
-    Level.FATAL: "FATAL",
-}
+    @property
+    def label(self) -> str:
+        """The level as written in log lines (``WARN`` is ``WARNING`` there)."""
+        return "WARNING" if self is LogLevel.WARN else self.name
 
 
-def parse_level(text: str) -> Level:
-    """``debug|info|warn|error|fatal``, any case (Go's lg.ParseLogLevel)."""
-    try:
-        return Level[text.strip().upper()]
-    except KeyError:
-        raise ValueError(f"invalid log level '{text}'") from None
+Level = LogLevel
 
 
 class Logger:
@@ -54,7 +56,7 @@ class Logger:
         micros = int((now % 1) * 1_000_000)
         stream = self.stream or sys.stderr
         try:
-            stream.write(f"{self.prefix}{stamp}.{micros:06d} {_LEVEL_NAMES[level]}: {msg}\n")
+            stream.write(f"{self.prefix}{stamp}.{micros:06d} {level.label}: {msg}\n")
             stream.flush()
         except (OSError, ValueError):
             pass  # a closed stderr must not take the server down
