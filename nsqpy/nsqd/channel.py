@@ -18,6 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
+from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import Message, from_payload, requeued, to_payload
 from nsqpy.wire.names import is_ephemeral
 from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER
@@ -94,7 +95,7 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
-        self.e2e = nsqd.new_e2e_stream()
+        self.e2e: E2EStream | None = nsqd.new_e2e_stream()
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"

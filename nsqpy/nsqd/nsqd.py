@@ -10,11 +10,12 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Level, Logger
 from nsqpy.nsqd.backend import BackendQueue, DummyBackend, RefusingBackend
 from nsqpy.nsqd.channel import Channel
+from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.topic import Topic
 from nsqpy.wire.names import is_ephemeral
 
@@ -68,8 +69,15 @@ class NSQD:
             return self._backend_factory(name)
         return RefusingBackend()
 
-    def new_e2e_stream(self) -> Any:
-        return None
+    def new_e2e_stream(self) -> E2EStream | None:
+        """A latency stream for a channel, when --e2e-processing-latency-percentile is set."""
+        percentiles = self.opts.e2e_processing_latency_percentiles
+        if not percentiles:
+            return None
+        return E2EStream(percentiles, self.opts.e2e_processing_latency_window_time)
+
+    def persist_metadata(self) -> None:
+        """Write nsqd.dat (topics, channels, pause state); the durability work fills this in."""
 
     # -- topics -------------------------------------------------------------------------------
 

@@ -6,11 +6,15 @@ import asyncio
 import contextlib
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Logger
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.protocol_v2 import ClientV2
+
+if TYPE_CHECKING:
+    from nsqpy.nsqd.http_api import NSQDHTTPServer
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -50,6 +54,7 @@ class NSQDServer:
         self._pending_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.tcp_address = ""
+        self.http: NSQDHTTPServer | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -71,6 +76,11 @@ class NSQDServer:
         self.tcp_address = format_address(self._tcp_server.sockets[0].getsockname())
         self.logger.info(f"TCP: listening on {self.tcp_address}")
         self._scan_timer = loop.call_later(self.opts.queue_scan_interval, self._queue_scan)
+        if self.opts.http_address:
+            from nsqpy.nsqd.http_api import NSQDHTTPServer
+
+            self.http = NSQDHTTPServer(self)
+            await self.http.start()
 
     def _new_client(self) -> ClientV2:
         return ClientV2(self.nsqd, self.clients)
@@ -102,6 +112,8 @@ class NSQDServer:
             self.logger.info(f"TCP: closing {self.tcp_address}")
         for client in list(self.clients):
             client.close()
+        if self.http is not None:
+            await self.http.stop()
         if self._scan_timer is not None:
             self._scan_timer.cancel()
         self.nsqd.close()
