@@ -268,6 +268,26 @@ class Channel:
         if self.e2e is not None:
             self.e2e.add(time.time_ns() - entry[1])
 
+    def finish_many(self, client: Consumer, msg_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        """FIN each message; returns ``(id, reason)`` for those that failed, in order."""
+        pop = client.in_flight.pop
+        failed: list[tuple[bytes, str]] = []
+        e2e = self.e2e
+        if e2e is None:
+            for msg_id in msg_ids:
+                if pop(msg_id, None) is None:
+                    failed.append((msg_id, self._not_in_flight_reason(msg_id)))
+        else:
+            now = time.time_ns()
+            for msg_id in msg_ids:
+                entry = pop(msg_id, None)
+                if entry is None:
+                    failed.append((msg_id, self._not_in_flight_reason(msg_id)))
+                else:
+                    e2e.add(now - entry[1])
+        client.finish_count += len(msg_ids) - len(failed)
+        return failed
+
     def requeue(self, client: Consumer, msg_id: bytes, delay: float) -> None:
         entry = client.in_flight.pop(msg_id, None)
         if entry is None:

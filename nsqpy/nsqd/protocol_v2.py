@@ -144,6 +144,10 @@ class ClientV2(asyncio.Protocol):
                 return
         parser.feed(data)
         self._in_batch = True
+        if self.state == STATE_SUBSCRIBED and self.channel is not None:
+            fins = parser.take_fin_block()
+            if fins is not None:
+                self._fin_many(self.channel, fins)
         handlers = _HANDLERS
         try:
             while not self._closed:
@@ -477,6 +481,17 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError(
                 "E_FIN_FAILED", f"FIN {wire_str(msg_id)} failed {err}", fatal=False
             ) from None
+        self._want_dispatch = True
+
+    def _fin_many(self, channel: Channel, msg_ids: list[bytes]) -> None:
+        """A block of FINs (see CommandParser.take_fin_block), finished in one call."""
+        failed = channel.finish_many(self, msg_ids)
+        if failed:
+            for msg_id, reason in failed:
+                text = f"E_FIN_FAILED FIN {wire_str(msg_id)} failed {reason}"
+                self.nsqd.logger.error(f"[{self}] - {text}")
+                self._out.append(encode_error(text))
+            self._respond_now = True
         self._want_dispatch = True
 
     def _req(self, params: list[bytes], body: Body) -> None:

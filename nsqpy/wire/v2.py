@@ -166,6 +166,34 @@ class CommandParser:
         self._pos = nl + 1
         return (params, None)
 
+    def take_fin_block(self) -> list[bytes] | None:
+        """The IDs of a run of well-formed ``FIN <16-byte id>\n`` lines, if that is all the
+        complete lines buffered now are; else ``None`` and nothing is consumed.
+
+        A consumer sends one FIN per message, so this is the commonest input there is.
+        Every line is checked byte-exactly with strided slices (C speed): record i of 21
+        bytes starts with ``FIN `` and ends with its only newline.
+        """
+        buf = self._buf
+        pos = self._pos
+        last = buf.rfind(b"\n", pos) + 1
+        size = last - pos
+        if size < 21 or size % 21 or self._need:
+            return None
+        n = size // 21
+        block = buf[pos:last]
+        if (
+            block[20::21] != b"\n" * n
+            or block.count(b"\n") != n
+            or block[0::21] != b"F" * n
+            or block[1::21] != b"I" * n
+            or block[2::21] != b"N" * n
+            or block[3::21] != b" " * n
+        ):
+            return None
+        self._pos = last
+        return [block[i + 4 : i + 20] for i in range(0, size, 21)]
+
     # -- commands with a body ---------------------------------------------------------
 
     def _body_command(self, name: bytes, params: list[bytes], start: int) -> Command | None:
