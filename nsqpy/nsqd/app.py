@@ -11,6 +11,7 @@ from typing import Any
 
 from nsqpy.common.goflags import GoFlagsError, OptionsError, exit_on_error, version_string
 from nsqpy.common.log import Level, Logger
+from nsqpy.nsqd.metadata import MetadataError
 from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.server import NSQDServer
 
@@ -39,6 +40,21 @@ async def serve(
     opts: Options, logger: Logger, ready: Callable[[NSQDServer], Any] | None = None
 ) -> int:
     server = NSQDServer(opts, logger)
+    try:
+        server.dir_lock.lock()
+    except MetadataError as err:
+        logger.fatal(f"failed to instantiate nsqd - {err}")
+        return 1
+    try:
+        server.nsqd.load_metadata()
+    except MetadataError as err:
+        logger.fatal(f"failed to load metadata - {err}")
+        return 1
+    try:
+        server.nsqd.persist_metadata_now()
+    except OSError as err:
+        logger.fatal(f"failed to persist metadata - {err}")
+        return 1
     try:
         await server.start()
     except (OSError, ValueError) as err:

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from nsqpy.diskqueue import DiskQueue, DiskQueueError
 
 
 class BackendError(Exception):
@@ -60,3 +62,86 @@ class RefusingBackend(DummyBackend):
     def put_many(self, datas: Sequence[bytes]) -> None:
         if datas:
             raise BackendError("memory queue full and no disk queue")
+
+
+class DiskBackend:
+    """A durable topic's or channel's backend: a go-diskqueue compatible DiskQueue.
+
+    Translates its errors to BackendError and reports activity to the engine, which
+    decides when to sync (every --sync-every operations, every --sync-timeout) and runs
+    the fsync off the event loop.
+    """
+
+    __slots__ = (
+        "_on_activity",
+        "_on_gone",
+        "after_next_sync",
+        "dq",
+        "on_synced",
+        "rerun",
+        "syncing",
+    )
+
+    def __init__(
+        self,
+        dq: DiskQueue,
+        on_activity: Callable[[DiskBackend], None],
+        on_gone: Callable[[DiskBackend], None],
+    ) -> None:
+        self.dq = dq
+        self._on_activity = on_activity
+        self._on_gone = on_gone
+        self.syncing = False
+        self.rerun = False
+        # callbacks waiting for the running sync, and for one that starts after it
+        self.on_synced: list[Callable[[BaseException | None], None]] = []
+        self.after_next_sync: list[Callable[[BaseException | None], None]] = []
+
+    def put(self, data: bytes) -> None:
+        try:
+            self.dq.put(data)
+        except DiskQueueError as err:
+            raise BackendError(str(err)) from None
+        finally:
+            self._on_activity(self)
+
+    def put_many(self, datas: Sequence[bytes]) -> None:
+        if not datas:
+            return
+        try:
+            self.dq.put_many(datas)
+        except DiskQueueError as err:
+            raise BackendError(str(err)) from None
+        finally:
+            self._on_activity(self)
+
+    def read_many(self, max_count: int) -> list[bytes]:
+        try:
+            return self.dq.read_many(max_count)
+        except DiskQueueError as err:
+            raise BackendError(str(err)) from None
+        finally:
+            self._on_activity(self)
+
+    def depth(self) -> int:
+        return self.dq.depth()
+
+    def empty(self) -> None:
+        try:
+            self.dq.empty()
+        except DiskQueueError as err:
+            raise BackendError(str(err)) from None
+
+    def close(self) -> None:
+        self._on_gone(self)
+        try:
+            self.dq.close()
+        except DiskQueueError as err:
+            raise BackendError(str(err)) from None
+
+    def delete(self) -> None:
+        self._on_gone(self)
+        try:
+            self.dq.delete()
+        except DiskQueueError as err:
+            raise BackendError(str(err)) from None

@@ -70,6 +70,7 @@ class Channel:
         "message_count",
         "name",
         "paused",
+        "redefer",
         "requeue_count",
         "timeout_count",
         "topic_name",
@@ -96,6 +97,9 @@ class Channel:
         self.requeue_count = 0
         self.timeout_count = 0
         self.e2e: E2EStream | None = nsqd.new_e2e_stream()
+        # Message ID → due time (unix ns) of deferred messages written to the backend at the
+        # last exit (metadata.py): they are deferred again when read back.
+        self.redefer: dict[bytes, int] | None = None
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"
@@ -402,6 +406,14 @@ class Channel:
             client.in_flight.clear()
             client.irregular_in_flight = False
         self._backend.empty()
+
+    def deferred_due(self) -> dict[bytes, int]:
+        """Due times (unix ns) of the deferred messages, for the side file written at exit."""
+        offset = time.time_ns() - int(time.monotonic() * 1e9)
+        due = dict(self.redefer or {})
+        for deadline, _, msg in self._deferred:
+            due[msg[0]] = offset + int(deadline * 1e9)
+        return due
 
     def close(self, *, deleted: bool) -> None:
         """Delete (empty, drop the backend) or close (write everything left to the backend)."""

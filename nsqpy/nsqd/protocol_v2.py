@@ -85,6 +85,10 @@ class ClientV2(asyncio.Protocol):
         self._respond_now = False
         self._in_batch = False
         self._want_dispatch = False
+        self._published = False
+        # Replies held until disk syncs complete (durable acknowledgements, --sync-every=1).
+        self._held_syncs = 0
+        self._sync_failed: BaseException | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         # Deadlines (spec §2.1)
         self._last_read = time.monotonic()
@@ -214,10 +218,44 @@ class ClientV2(asyncio.Protocol):
             self._want_dispatch = False
             if self.channel is not None and self.state == STATE_SUBSCRIBED:
                 self.channel.dispatch()
+        if self._published:
+            self._published = False
+            if self.nsqd.opts.sync_every == 1:
+                self._hold_for_sync()
         if self._out:
             self._apply_flush_rules()
 
+    def _hold_for_sync(self) -> None:
+        """--sync-every=1: what this batch published is acknowledged once it is on disk.
+
+        Go acknowledges before its fsync (a kill -9 window, spec §11); here the OK frames
+        wait, and the connection reads nothing more, until every queue written is synced.
+        """
+        count = self.nsqd.sync_touched(self._synced)
+        if count and not self._closed and self.transport is not None:
+            if not self._held_syncs:
+                self.transport.pause_reading()
+            self._held_syncs += count
+
+    def _synced(self, err: BaseException | None) -> None:
+        self._held_syncs -= 1
+        if err is not None and self._sync_failed is None:
+            self._sync_failed = err
+        if self._held_syncs or self._closed:
+            return
+        if self._sync_failed is not None:
+            # The OKs already queued would be lies: fail the connection instead (at least once).
+            failed, self._sync_failed = self._sync_failed, None
+            self._out = [encode_error(f"E_PUB_FAILED PUB failed {failed}")]
+            self._close_after_flush()
+            return
+        self._flush()
+        if self.transport is not None:
+            self.transport.resume_reading()
+
     def _apply_flush_rules(self) -> None:
+        if self._held_syncs:
+            return
         if (
             self._respond_now
             or len(self.in_flight) >= self.ready_count
@@ -234,6 +272,8 @@ class ClientV2(asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
+        if self._held_syncs:
+            return
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
@@ -558,6 +598,7 @@ class ClientV2(asyncio.Protocol):
         except BackendError as err:
             raise ProtocolError("E_DPUB_FAILED", f"DPUB failed {err}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + 1
+        self._published = True
         self._respond(FRAME_OK)
 
     def _publish(self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes]) -> None:
@@ -569,6 +610,7 @@ class ClientV2(asyncio.Protocol):
         except BackendError as err:
             raise ProtocolError(code, f"{cmd} failed {err}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        self._published = True
         self._respond(FRAME_OK)
 
 

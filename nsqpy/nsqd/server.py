@@ -6,9 +6,12 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Logger
+from nsqpy.nsqd.metadata import DataDirLock
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.protocol_v2 import ClientV2
@@ -47,7 +50,11 @@ class NSQDServer:
     def __init__(self, opts: Options, logger: Logger | None = None) -> None:
         self.opts = opts
         self.logger = logger or Logger(opts.log_prefix)
-        self.nsqd = NSQD(opts, logger=self.logger)
+        self.nsqd = NSQD(opts, logger=self.logger, use_disk=True)
+        self.dir_lock = DataDirLock(self.nsqd.data_path)
+        # fsyncs and metadata writes run here, off the event loop
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="nsqd-disk")
+        self._sync_timer: asyncio.TimerHandle | None = None
         self.clients: set[ClientV2] = set()
         self._tcp_server: asyncio.Server | None = None
         self._scan_timer: asyncio.TimerHandle | None = None
@@ -56,10 +63,18 @@ class NSQDServer:
         self.tcp_address = ""
         self.http: NSQDHTTPServer | None = None
 
+    def _run_in_thread(
+        self, fn: Callable[[], None], done: Callable[[BaseException | None], None]
+    ) -> None:
+        assert self._loop is not None
+        future = self._loop.run_in_executor(self._executor, fn)
+        future.add_done_callback(lambda f: done(None if f.cancelled() else f.exception()))
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self.nsqd.wakeup = self._wakeup
+        self.nsqd.run_in_thread = self._run_in_thread
         address = self.opts.tcp_address
         if is_unix_address(address):
             with contextlib.suppress(FileNotFoundError):
@@ -76,6 +91,8 @@ class NSQDServer:
         self.tcp_address = format_address(self._tcp_server.sockets[0].getsockname())
         self.logger.info(f"TCP: listening on {self.tcp_address}")
         self._scan_timer = loop.call_later(self.opts.queue_scan_interval, self._queue_scan)
+        self._sync_timer = loop.call_later(self.opts.sync_timeout, self._sync_tick)
+        self.nsqd.wakeup()  # topics loaded from nsqd.dat may have a backlog to pump
         if self.opts.http_address:
             from nsqpy.nsqd.http_api import NSQDHTTPServer
 
@@ -104,6 +121,13 @@ class NSQDServer:
                 self.opts.queue_scan_interval, self._queue_scan
             )
 
+    def _sync_tick(self) -> None:
+        assert self._loop is not None
+        try:
+            self.nsqd.sync_tick()
+        finally:
+            self._sync_timer = self._loop.call_later(self.opts.sync_timeout, self._sync_tick)
+
     async def stop(self) -> None:
         """Graceful exit (spec §7.6): stop accepting, close clients, hand queues to the backends."""
         self.logger.info("NSQ: closing")
@@ -114,9 +138,13 @@ class NSQDServer:
             client.close()
         if self.http is not None:
             await self.http.stop()
-        if self._scan_timer is not None:
-            self._scan_timer.cancel()
+        for timer in (self._scan_timer, self._sync_timer):
+            if timer is not None:
+                timer.cancel()
+        self.nsqd.run_in_thread = None  # from here on, disk work runs inline
         self.nsqd.close()
+        self._executor.shutdown(wait=True)
+        self.dir_lock.unlock()
         if self._tcp_server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._tcp_server.wait_closed(), 1.0)

@@ -41,6 +41,7 @@ class Topic:
         "message_count",
         "name",
         "paused",
+        "redefer",
     )
 
     def __init__(self, name: str, nsqd: NSQD, backend: BackendQueue) -> None:
@@ -57,6 +58,8 @@ class Topic:
         self.message_bytes = 0
         # Channels that take publishes directly right now (see the module docstring).
         self._flowing: list[Channel] = []
+        # Deferred messages written to the backend at the last exit: ID → due (unix ns).
+        self.redefer: dict[bytes, int] | None = None
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -129,7 +132,10 @@ class Topic:
                 batch = [popleft() for _ in range(count)]
             elif self._backend.depth():
                 try:
-                    batch = [from_payload(p) for p in self._backend.read_many(budget - moved)]
+                    batch = [
+                        self._redeferred(from_payload(p))
+                        for p in self._backend.read_many(budget - moved)
+                    ]
                 except (BackendError, ValueError) as err:
                     self._nsqd.logf_error(
                         f"TOPIC({self.name}): failed to read from backend - {err}"
@@ -158,6 +164,26 @@ class Topic:
             return True
         self._update_flowing()
         return False
+
+    def _redeferred(self, msg: Message) -> BacklogEntry:
+        if self.redefer is None:
+            return msg
+        due = self.redefer.pop(msg[0], None)
+        if not self.redefer:
+            self.redefer = None
+        now = time.time_ns()
+        if due is None or due <= now:
+            return msg
+        return (*msg, (due - now) / 1e9)
+
+    def deferred_due(self) -> dict[bytes, int]:
+        """Due times (unix ns) of deferred messages in the backlog, for the exit side file."""
+        now = time.time_ns()
+        due = dict(self.redefer or {})
+        for entry in self._memory:
+            if len(entry) == 5:
+                due[entry[0]] = now + int(entry[4] * 1e9)
+        return due
 
     def _update_flowing(self) -> None:
         has_backlog = bool(self._memory) or self._backend.depth() > 0
