@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Logger
+from nsqpy.nsqd.lookup import LookupPeers
 from nsqpy.nsqd.metadata import DataDirLock
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
@@ -62,6 +63,7 @@ class NSQDServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.tcp_address = ""
         self.http: NSQDHTTPServer | None = None
+        self.lookup: LookupPeers | None = None
 
     def _run_in_thread(
         self, fn: Callable[[], None], done: Callable[[BaseException | None], None]
@@ -93,11 +95,13 @@ class NSQDServer:
         self._scan_timer = loop.call_later(self.opts.queue_scan_interval, self._queue_scan)
         self._sync_timer = loop.call_later(self.opts.sync_timeout, self._sync_tick)
         self.nsqd.wakeup()  # topics loaded from nsqd.dat may have a backlog to pump
+        self.lookup = LookupPeers(self)
         if self.opts.http_address:
             from nsqpy.nsqd.http_api import NSQDHTTPServer
 
             self.http = NSQDHTTPServer(self)
             await self.http.start()
+        await self.lookup.start()
 
     def _new_client(self) -> ClientV2:
         return ClientV2(self.nsqd, self.clients)
@@ -138,6 +142,8 @@ class NSQDServer:
             client.close()
         if self.http is not None:
             await self.http.stop()
+        if self.lookup is not None:
+            await self.lookup.stop()
         for timer in (self._scan_timer, self._sync_timer):
             if timer is not None:
                 timer.cancel()

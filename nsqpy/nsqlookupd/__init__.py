@@ -1,0 +1,1 @@
+"""nsqlookupd: the discovery service (spec §4)."""

@@ -1,0 +1,3 @@
+from nsqpy.nsqlookupd.app import main
+
+main()
