@@ -1,0 +1,1 @@
+"""The nsqpy client: asyncio and blocking producers and consumers."""

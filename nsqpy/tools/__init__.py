@@ -1,0 +1,1 @@
+"""NSQ command-line tools (spec §6)."""
