@@ -1,0 +1,1 @@
+"""nsqadmin: the web UI (spec §5)."""
