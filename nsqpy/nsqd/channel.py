@@ -148,11 +148,28 @@ class Channel:
     # -- putting messages in ------------------------------------------------------------
 
     def put_many(self, msgs: list[Message]) -> None:
-        """Queue messages (memory first, then the backend) and deliver what can be."""
-        self.message_count += len(msgs)
-        self._enqueue(msgs)
+        """Queue messages (memory first, then the backend) and deliver what can be.
+
+        All or nothing: on BackendError none of them was queued."""
+        self.enqueue(msgs)
         if self.clients:
             self.dispatch()
+
+    def enqueue(self, msgs: list[Message]) -> None:
+        """put_many without the delivery (a topic queues in every channel first)."""
+        self._enqueue(msgs)
+        self.message_count += len(msgs)
+
+    def unqueue(self, count: int) -> bool:
+        """Take back the last ``count`` messages queued by enqueue, before any dispatch
+        (a multi-channel MPUB that another channel refused); False if they are not all
+        still in memory (they reached the backend)."""
+        if len(self._memory) < count:
+            return False
+        for _ in range(count):
+            self._memory.pop()
+        self.message_count -= count
+        return True
 
     def _enqueue(self, msgs: list[Message]) -> None:
         memory = self._memory
@@ -213,7 +230,7 @@ class Channel:
             append = frames.append
             popleft = memory.popleft
             if client.sample_rate:
-                take = self._sampled(client, take, frames, now, deadline)
+                take = self._sampled(client, room, frames, now, deadline)
             else:
                 for _ in range(take):
                     msg_id, timestamp, attempts, body = popleft()
@@ -229,13 +246,19 @@ class Channel:
             self._nsqd.scan_candidate(self)
 
     def _sampled(
-        self, client: Consumer, take: int, frames: list[bytes], now: float, deadline: float
+        self, client: Consumer, room: int, frames: list[bytes], now: float, deadline: float
     ) -> int:
-        # sample_rate S: a message goes out if rand[0,100) <= S, else this channel drops it.
+        # sample_rate S: a message goes out if rand[0,100) <= S, else this channel drops it;
+        # like Go's pump, keep reading while the client is still ready.
         pack = MESSAGE_FRAME_HEADER.pack
+        memory = self._memory
         sent = 0
-        for _ in range(take):
-            msg_id, timestamp, attempts, body = self._memory.popleft()
+        while sent < room:
+            if not memory:
+                self._refill(room - sent)
+                if not memory:
+                    break
+            msg_id, timestamp, attempts, body = memory.popleft()
             if random.randrange(100) > client.sample_rate:
                 continue
             attempts += 1

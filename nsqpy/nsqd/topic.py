@@ -83,12 +83,31 @@ class Topic:
             zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False)
         )
         if self._flowing:
-            for channel in self._flowing:
-                channel.put_many(msgs)
+            self._put_channels(msgs)
         else:
             self._put_backlog(msgs)
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, bodies))
+
+    def _put_channels(self, msgs: list[Message]) -> None:
+        """Copy to every channel, all or nothing: if one refuses (a disk error), the
+        channels before it give the batch back, so the publisher's retry duplicates nothing."""
+        done: list[Channel] = []
+        for channel in self._flowing:
+            try:
+                channel.enqueue(msgs)
+            except BackendError:
+                for earlier in done:
+                    if not earlier.unqueue(len(msgs)):
+                        self._nsqd.logf_error(
+                            f"TOPIC({self.name}): channel({earlier.name}) keeps {len(msgs)} message(s)"
+                            f" that channel({channel.name}) refused"
+                        )
+                raise
+            done.append(channel)
+        for channel in done:
+            if channel.clients:
+                channel.dispatch()
 
     def put_deferred(self, body: bytes, delay: float) -> None:
         """DPUB: the message enters each channel's deferred queue."""

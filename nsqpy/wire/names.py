@@ -7,12 +7,13 @@ import re
 EPHEMERAL_SUFFIX = "#ephemeral"
 MAX_NAME_LENGTH = 64
 
-_NAME_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+# fullmatch, not `$`: Python's `$` also matches before a final "\n", Go's does not.
+_NAME_RE = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
 def is_valid_name(name: str) -> bool:
     """True if ``name`` is a valid topic or channel name (NSQ's ``protocol.isValidName``)."""
-    return 0 < len(name) <= MAX_NAME_LENGTH and _NAME_RE.match(name) is not None
+    return 0 < len(name) <= MAX_NAME_LENGTH and _NAME_RE.fullmatch(name) is not None
 
 
 # Topics and channels follow the same rule; the two names keep call sites reading like NSQ's.

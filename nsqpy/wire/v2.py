@@ -121,8 +121,8 @@ class CommandParser:
         self._need = 0
         self._pending: list[bytes] = []
         self._pending_len = 0
-        # Resumable MPUB progress: (offset of next message from _pos, bodies, count).
-        self._mpub: tuple[int, list[bytes], int] | None = None
+        # An MPUB being read message by message: (params, bodies so far, count).
+        self._mpub: tuple[list[bytes], list[bytes], int] | None = None
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
@@ -149,14 +149,16 @@ class CommandParser:
         """The next complete command, or ``None`` until more bytes are fed."""
         if self._need:
             return None
+        if self._mpub is not None:
+            return self._mpub_messages()
         buf = self._buf
         pos = self._pos
         nl = buf.find(b"\n", pos)
         if nl < 0:
-            if len(buf) - pos > MAX_LINE_LENGTH:
+            if len(buf) - pos >= MAX_LINE_LENGTH:
                 raise ConnectionFailure("failed to read command - bufio: buffer full")
             return None
-        if nl - pos > MAX_LINE_LENGTH:
+        if nl - pos >= MAX_LINE_LENGTH:
             raise ConnectionFailure("failed to read command - bufio: buffer full")
         end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl  # strip one '\r'
         params = buf[pos:end].split(b" ")
@@ -178,7 +180,7 @@ class CommandParser:
         pos = self._pos
         last = buf.rfind(b"\n", pos) + 1
         size = last - pos
-        if size < 21 or size % 21 or self._need:
+        if size < 21 or size % 21 or self._need or self._mpub is not None:
             return None
         n = size // 21
         block = buf[pos:last]
@@ -286,35 +288,37 @@ class CommandParser:
                 "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(topic)} is not valid"
             )
         buf = self._buf
-        pos = self._pos
-        if self._mpub is None:
-            if len(buf) < start + 8:
-                self._wait(start + 4 if len(buf) < start + 4 else start + 8)
-                if len(buf) >= start + 4:
-                    self._check_mpub_size(_INT32.unpack_from(buf, start)[0])
-                return None
-            body_size, count = struct.unpack_from(">ii", buf, start)
-            self._check_mpub_size(body_size)
-            if count <= 0 or count > (self.max_body_size - 4) // 5:
-                raise _fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
-            # The declared size is only range-checked (Go reads `count` messages whatever
-            # it says) but it is the right amount of data to wait for in the honest case.
-            if len(buf) < start + 4 + body_size:
-                self._wait(start + 4 + body_size)
-                return None
-            offset = start + 8 - pos
-            bodies: list[bytes] = []
-        else:
-            offset, bodies, count = self._mpub
+        if len(buf) < start + 8:
+            if len(buf) >= start + 4:
+                self._check_mpub_size(_INT32.unpack_from(buf, start)[0])
+                self._wait(start + 8)
+            else:
+                self._wait(start + 4)
+            return None
+        body_size, count = struct.unpack_from(">ii", buf, start)
+        self._check_mpub_size(body_size)
+        if count <= 0 or count > (self.max_body_size - 4) // 5:
+            raise _fatal("E_BAD_BODY", f"MPUB invalid message count {count}")
+        # From here the command line is consumed and the messages are read one by one, like
+        # Go's readMPUB (the declared size is only range-checked): each size is checked as
+        # soon as it arrives, and bytes of complete messages are dropped from the buffer.
+        self._pos = start + 8
+        self._mpub = (params, [], count)
+        return self._mpub_messages()
+
+    def _mpub_messages(self) -> Command | None:
+        assert self._mpub is not None
+        params, bodies, count = self._mpub
+        buf = self._buf
         max_msg_size = self.max_msg_size
         unpack = _INT32.unpack_from
         append = bodies.append
         n = len(buf)
         i = len(bodies)
-        p = pos + offset
+        p = self._pos
         while i < count:
             if n < p + 4:
-                self._mpub = (p - pos, bodies, count)
+                self._pos = p
                 self._wait(p + 4)
                 return None
             (size,) = unpack(buf, p)
@@ -324,7 +328,7 @@ class CommandParser:
                 raise _fatal("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
             end = p + 4 + size
             if n < end:
-                self._mpub = (p - pos, bodies, count)
+                self._pos = p
                 self._wait(end)
                 return None
             append(buf[p + 4 : end])
