@@ -64,6 +64,7 @@ class Channel:
         "_nsqd",
         "_orphans",
         "clients",
+        "delivery_count",
         "e2e",
         "ephemeral",
         "exiting",
@@ -96,6 +97,7 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        self.delivery_count = 0  # every delivery, first or not (Go master's global_msg_count)
         self.e2e: E2EStream | None = nsqd.new_e2e_stream()
         # Message ID → due time (unix ns) of deferred messages written to the backend at the
         # last exit (metadata.py): they are deferred again when read back.
@@ -240,6 +242,7 @@ class Channel:
                     in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
             if take:
                 client.message_count += take
+                self.delivery_count += take
                 client.send_messages(frames, take)
         self._next = (start + 1) % n
         if now:
@@ -429,6 +432,10 @@ class Channel:
             client.in_flight.clear()
             client.irregular_in_flight = False
         self._backend.empty()
+
+    def peek(self, count: int) -> list[Message]:
+        """The next ``count`` messages of the memory queue, left in place (GET /channel/peek)."""
+        return list(itertools.islice(self._memory, max(0, count)))
 
     def deferred_due(self) -> dict[bytes, int]:
         """Due times (unix ns) of the deferred messages, for the side file written at exit."""

@@ -1,19 +1,882 @@
-"""nsqd's HTTP API (spec §3), on the same event loop as the TCP server. Being built."""
+"""nsqd's HTTP API (spec §3) on the event loop the TCP server runs on.
+
+Routing is NSQ's (``julienschmidt/httprouter``): method-strict, ``404
+{"message":"NOT_FOUND"}`` for an unknown path, ``405 {"message":"METHOD_NOT_ALLOWED"}``
+with an ``Allow`` header for a known path and another method, automatic ``OPTIONS``
+replies, and a redirect for a path that only differs by a trailing slash. Replies
+follow ``http_api.RespondV1``: ``X-NSQ-Content-Type: nsq; version=1.0`` on every V1
+reply, strings written raw, anything else as JSON, errors as ``{"message": <TEXT>}``.
+Parameters come from the query string only, parsed like Go's ``url.ParseQuery``.
+
+Publishing calls the same engine methods as the TCP protocol. Beyond NSQ:
+``GET /metrics`` (Prometheus text format), ``GET /channel/peek`` and Python
+equivalents of the ``/debug/pprof`` pages (stacks, tracemalloc, cProfile).
+
+Health: ``/ping`` and ``/stats`` read ``nsqd.health_error`` (None or "" when healthy,
+else the last disk write error), so the engine decides what unhealthy means.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import base64
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import io
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+import tracemalloc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import web
+
+from nsqpy import NSQ_VERSION
+from nsqpy.common.goflags import format_duration_ns, option_by_cfg_name, seconds_to_ns
+from nsqpy.common.log import LogLevel
+from nsqpy.nsqd.backend import BackendError
+from nsqpy.nsqd.options import TLSRequired
+from nsqpy.nsqd.server import format_address, is_unix_address, split_host_port
+from nsqpy.nsqd.stats import (
+    PROMETHEUS_CONTENT_TYPE,
+    encode_json,
+    format_prometheus,
+    format_stats_text,
+    get_stats,
+    mem_stats,
+    track_gc_pauses,
+)
+from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from nsqpy.wire.v2 import CommandParser, ProtocolError
 
 if TYPE_CHECKING:
+    import ssl
+
+    from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.server import NSQDServer
+    from nsqpy.nsqd.topic import Topic
+
+__all__ = ["HTTPError", "NSQDHTTPServer", "parse_query"]
+
+V1_HEADER: Final = ("X-NSQ-Content-Type", "nsq; version=1.0")
+JSON_CONTENT_TYPE: Final = "application/json; charset=utf-8"
+TEXT_CONTENT_TYPE: Final = "text/plain; charset=utf-8"
+
+# http_api's boolParams: anything else means "not given" (or, for /mpub's binary, true)
+BOOL_PARAMS: Final = {"true": True, "1": True, "false": False, "0": False}
+
+_INT64 = re.compile(r"[+-]?[0-9]+\Z")
+
+
+class HTTPError(Exception):
+    """``http_api.Err``: the reply's status and its ``message`` text."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+class QueryError(ValueError):
+    """The query string is not valid for Go's ``url.ParseQuery``."""
+
+
+def _unescape(text: str) -> str:
+    # url.QueryUnescape: '+' is a space, '%' must be followed by two hex digits.
+    if "%" not in text and "+" not in text:
+        return text
+    out = bytearray()
+    raw = text.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(raw):
+        b = raw[i]
+        if b == 0x25:  # '%'
+            pair = raw[i + 1 : i + 3]
+            if len(pair) < 2 or not all(c in b"0123456789abcdefABCDEF" for c in pair):
+                raise QueryError(f"invalid URL escape {go_quote(raw[i : i + 3].decode('latin-1'))}")
+            out.append(int(pair, 16))
+            i += 3
+            continue
+        out.append(0x20 if b == 0x2B else b)
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def parse_query(raw_query: str) -> dict[str, list[str]]:
+    """Go's ``url.ParseQuery``: keys in order, every value kept; raises QueryError."""
+    values: dict[str, list[str]] = {}
+    error: QueryError | None = None
+    for part in raw_query.split("&"):
+        if ";" in part:
+            error = error or QueryError("invalid semicolon separator in query")
+            continue
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            values.setdefault(_unescape(key), []).append(_unescape(value))
+        except QueryError as err:
+            error = error or err
+    if error is not None:
+        raise error
+    return values
+
+
+def _query(request: web.BaseRequest) -> dict[str, list[str]]:
+    """The request's query parameters; 400 INVALID_REQUEST when unparsable."""
+    _, _, raw_query = request.raw_path.partition("?")
+    try:
+        return parse_query(raw_query)
+    except QueryError:
+        raise HTTPError(400, "INVALID_REQUEST") from None
+
+
+def _get(params: dict[str, list[str]], key: str) -> str | None:
+    values = params.get(key)
+    return values[0] if values else None
+
+
+async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The body, or None when it is longer than ``limit`` (Go's LimitReader(limit + 1)).
+
+    A body cut short by the client is a 500 INTERNAL_ERROR, as Go's failed read.
+    """
+    content = request.content
+    length = request.content_length
+    try:
+        if length is not None and length <= limit:
+            return await content.readexactly(length) if length else b""
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                return b"".join(chunks)
+            total += len(chunk)
+            if total > limit:
+                return None
+            chunks.append(chunk)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        raise HTTPError(500, "INTERNAL_ERROR") from None
+
+
+# -- replies --------------------------------------------------------------------------------
+
+
+def v1_response(status: int, data: object) -> web.Response:
+    """``http_api.RespondV1``: str/bytes raw, None empty, anything else JSON."""
+    headers = {V1_HEADER[0]: V1_HEADER[1]}
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if isinstance(data, bytes):
+        if data:
+            headers["Content-Type"] = TEXT_CONTENT_TYPE  # what Go's content sniffing says
+        return web.Response(status=status, body=data, headers=headers)
+    if data is None:
+        return web.Response(status=status, body=b"", headers=headers)
+    headers["Content-Type"] = JSON_CONTENT_TYPE
+    return web.Response(status=status, body=encode_json(data), headers=headers)
+
+
+def v1_error(status: int, text: str) -> web.Response:
+    headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
+    return web.Response(status=status, body=encode_json({"message": text}), headers=headers)
+
+
+def text_response(status: int, text: str, content_type: str = TEXT_CONTENT_TYPE) -> web.Response:
+    """A plain reply (Go's ``PlainText`` decorator and the pprof pages): no NSQ header."""
+    return web.Response(
+        status=status,
+        body=text.encode("utf-8", "surrogateescape"),
+        headers={"Content-Type": content_type},
+    )
+
+
+Handler = Callable[[web.BaseRequest, str], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One method of one path. ``v1`` handlers return data or raise HTTPError; the
+    others return their own response. ``log`` is Go's ``http_api.Log`` decorator."""
+
+    handler: Handler
+    v1: bool = True
+    log: bool = True
+
+
+# -- the server -----------------------------------------------------------------------------
 
 
 class NSQDHTTPServer:
+    """The HTTP listener of one nsqd (``--http-address``), its HTTPS listener
+    (``--https-address``, when the server has a ``tls_context``).
+
+    Both listeners serve the same routes; under ``--tls-required=true`` the plain one
+    answers every request with Go's 403 ``TLS_REQUIRED``.
+    """
+
     def __init__(self, server: NSQDServer) -> None:
         self.server = server
+        self.nsqd = server.nsqd
+        self.opts = server.opts
+        self.logger = server.logger
+        self.address = ""
+        self.port = -1
+        self.https_address = ""
+        self.https_port = 0  # Go's RealHTTPSAddr().Port: 0 without an HTTPS listener
+        self._runner: web.ServerRunner | None = None
+        self._profiling = False
+        self._routes: dict[str, dict[str, Route]] = {}
+        self._add_routes()
+
+    # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        pass
+        """Listen on ``--http-address`` (TCP ``host:port`` or a unix socket path), and on
+        ``--https-address`` when TLS is configured."""
+        track_gc_pauses()
+        web_server = web.Server(self._handle, access_log=None)
+        self._runner = web.ServerRunner(web_server, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        tls_context: ssl.SSLContext | None = getattr(self.server, "tls_context", None)
+        if tls_context is not None and self.opts.https_address:
+            self.https_address, self.https_port = await self._listen(
+                self.opts.https_address, tls_context
+            )
+            self.logger.info(f"HTTPS: listening on {self.https_address}")
+        self.address, self.port = await self._listen(self.opts.http_address, None)
+        self.logger.info(f"HTTP: listening on {self.address}")
+
+    async def _listen(self, address: str, tls: ssl.SSLContext | None) -> tuple[str, int]:
+        """Open one listener; its address as logged, and its port (-1 for a unix socket)."""
+        assert self._runner is not None
+        site: web.BaseSite
+        if is_unix_address(address):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(address)
+            site = web.UnixSite(self._runner, address, ssl_context=tls)
+        else:
+            host, port = split_host_port(address)
+            site = web.TCPSite(
+                self._runner, host or None, port, ssl_context=tls, reuse_address=True, backlog=1024
+            )
+        before = list(self._runner.addresses)
+        await site.start()
+        sock_name = next(a for a in self._runner.addresses if a not in before)
+        return format_address(sock_name), int(sock_name[1]) if isinstance(sock_name, tuple) else -1
 
     async def stop(self) -> None:
-        pass
+        if self._runner is not None:
+            if self.https_address:
+                self.logger.info(f"HTTPS: closing {self.https_address}")
+            self.logger.info(f"HTTP: closing {self.address}")
+            await self._runner.cleanup()
+            self._runner = None
+            for address in (self.opts.http_address, self.https_address):
+                if address and is_unix_address(address):
+                    with contextlib.suppress(OSError):
+                        os.unlink(address)
+
+    # -- routing --------------------------------------------------------------------------
+
+    def _add_routes(self) -> None:
+        add = self._add
+        add("GET", "/ping", self._ping, v1=False)
+        add("GET", "/info", self._info)
+        add("POST", "/pub", self._pub, log=False)
+        add("POST", "/mpub", self._mpub, log=False)
+        add("GET", "/stats", self._stats)
+        add("POST", "/topic/create", self._topic_create)
+        add("POST", "/topic/delete", self._topic_delete)
+        add("POST", "/topic/empty", self._topic_empty)
+        add("POST", "/topic/pause", self._topic_pause)
+        add("POST", "/topic/unpause", self._topic_pause)
+        add("POST", "/channel/create", self._channel_create)
+        add("POST", "/channel/delete", self._channel_delete)
+        add("POST", "/channel/empty", self._channel_empty)
+        add("POST", "/channel/pause", self._channel_pause)
+        add("POST", "/channel/unpause", self._channel_pause)
+        add("GET", "/config/:opt", self._config)
+        add("PUT", "/config/:opt", self._config)
+        # beyond NSQ
+        add("GET", "/channel/peek", self._channel_peek)
+        add("GET", "/metrics", self._metrics, v1=False, log=False)
+        # Python's answers to Go's /debug/pprof pages
+        add("GET", "/debug/pprof/", self._pprof_index, v1=False, log=False)
+        add("GET", "/debug/pprof/goroutine", self._pprof_goroutine, v1=False, log=False)
+        add("GET", "/debug/pprof/threadcreate", self._pprof_threads, v1=False, log=False)
+        add("GET", "/debug/pprof/heap", self._pprof_heap, v1=False, log=False)
+        add("GET", "/debug/pprof/profile", self._pprof_profile, v1=False, log=False)
+        add("GET", "/debug/pprof/cmdline", self._pprof_cmdline, v1=False, log=False)
+        add("PUT", "/debug/setblockrate", self._set_block_rate, v1=False)
+        add("POST", "/debug/freememory", self._free_memory, v1=False)
+
+    def _add(
+        self, method: str, path: str, handler: Handler, *, v1: bool = True, log: bool = True
+    ) -> None:
+        self._routes.setdefault(path, {})[method] = Route(handler, v1=v1, log=log)
+
+    def _match(self, path: str) -> tuple[dict[str, Route] | None, str]:
+        """The methods served at ``path`` and the ``:opt`` parameter, if any."""
+        methods = self._routes.get(path)
+        if methods is not None:
+            return methods, ""
+        if path.startswith("/config/"):
+            opt = path[len("/config/") :]
+            if opt and "/" not in opt:
+                return self._routes["/config/:opt"], opt
+        return None, ""
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        started = time.perf_counter_ns()
+        response, logged = await self._dispatch(request)
+        if logged:
+            elapsed = format_duration_ns(time.perf_counter_ns() - started)
+            self.logger.info(
+                f"{response.status} {request.method} {request.raw_path} ({self._peer(request)}) {elapsed}"
+            )
+        return response
+
+    async def _dispatch(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
+        if self.opts.tls_required == TLSRequired.REQUIRED and not request.secure:
+            return self._tls_required(), False
+        path = request.path
+        methods, param = self._match(path)
+        if methods is None:
+            alternative = path[:-1] if path.endswith("/") else path + "/"
+            if len(path) > 1 and self._match(alternative)[0] is not None:
+                return self._redirect(request, alternative), False
+            return v1_error(404, "NOT_FOUND"), True
+        route = methods.get(request.method)
+        if route is None:
+            allow = ", ".join(sorted({*methods, "OPTIONS"}))
+            if request.method == "OPTIONS":
+                return web.Response(status=200, headers={"Allow": allow}), False
+            response = v1_error(405, "METHOD_NOT_ALLOWED")
+            response.headers["Allow"] = allow
+            return response, True
+        try:
+            result = await route.handler(request, param)
+        except HTTPError as err:
+            if route.v1:
+                return v1_error(err.status, err.text), route.log
+            return text_response(err.status, err.text), route.log
+        except Exception as err:
+            self.logger.error(f"panic in HTTP handler - {err!r}\n{traceback.format_exc()}")
+            return v1_error(500, "INTERNAL_ERROR"), True
+        if isinstance(result, web.StreamResponse):
+            return result, route.log
+        return v1_response(200, result), route.log
+
+    def _redirect(self, request: web.BaseRequest, path: str) -> web.Response:
+        # httprouter's RedirectTrailingSlash: 301 for GET, 308 for the other methods
+        _, sep, query = request.raw_path.partition("?")
+        status = 301 if request.method == "GET" else 308
+        return web.Response(status=status, headers={"Location": path + sep + query})
+
+    def _tls_required(self) -> web.Response:
+        body = f'{{"message": "TLS_REQUIRED", "https_port": {self.https_port}}}'
+        headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
+        return web.Response(status=403, body=body.encode(), headers=headers)
+
+    @staticmethod
+    def _peer(request: web.BaseRequest) -> str:
+        transport = request.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        if isinstance(peer, tuple):
+            host, port = peer[0], peer[1]
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return str(peer or "")
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _health(self) -> str:
+        error = getattr(self.nsqd, "health_error", None)
+        return f"NOK - {error}" if error else "OK"
+
+    def _topic_from_query(self, request: web.BaseRequest) -> tuple[dict[str, list[str]], Topic]:
+        """Go's ``getTopicFromQuery``: validates the name, then gets or creates the topic."""
+        params = _query(request)
+        name = _get(params, "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        return params, self.nsqd.get_topic(name)
+
+    def _existing_topic_and_channel_name(self, request: web.BaseRequest) -> tuple[Topic, str]:
+        """Go's ``getExistingTopicFromQuery`` (with ``GetTopicChannelArgs``)."""
+        params = _query(request)
+        topic_name = _get(params, "topic")
+        if topic_name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_topic_name(topic_name):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        channel_name = _get(params, "channel")
+        if channel_name is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_channel_name(channel_name):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic = self.nsqd.get_existing_topic(topic_name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic, channel_name
+
+    def _existing_channel(self, request: web.BaseRequest) -> Channel:
+        topic, channel_name = self._existing_topic_and_channel_name(request)
+        channel = topic.channels.get(channel_name)
+        if channel is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return channel
+
+    def _publish(self, topic: Topic, bodies: list[bytes], delay: float = 0.0) -> None:
+        try:
+            if delay > 0:
+                topic.put_deferred(bodies[0], delay)
+            else:
+                topic.put_messages(bodies)
+        except BackendError as err:
+            if self.nsqd.exiting or topic.exiting:
+                raise HTTPError(503, "EXITING") from None
+            self.logger.error(f"TOPIC({topic.name}): failed to put message(s) - {err}")
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+
+    # -- NSQ's routes ---------------------------------------------------------------------
+
+    async def _ping(self, request: web.BaseRequest, _: str) -> web.Response:
+        health = self._health()
+        return text_response(200 if health == "OK" else 500, health)
+
+    async def _info(self, request: web.BaseRequest, _: str) -> object:
+        try:
+            hostname = socket.gethostname()
+        except OSError as err:
+            raise HTTPError(500, str(err)) from None
+        tcp_port = -1
+        if not is_unix_address(self.opts.tcp_address):
+            _, _, port = self.server.tcp_address.rpartition(":")
+            tcp_port = int(port) if port.isdigit() else -1
+        opts = self.opts
+        return {
+            "version": NSQ_VERSION,
+            "broadcast_address": opts.broadcast_address,
+            "hostname": hostname,
+            "http_port": self.port,
+            "tcp_port": tcp_port,
+            "start_time": int(self.nsqd.start_time),
+            "max_heartbeat_interval": seconds_to_ns(opts.max_heartbeat_interval),
+            "max_output_buffer_size": opts.max_output_buffer_size,
+            "max_output_buffer_timeout": seconds_to_ns(opts.max_output_buffer_timeout),
+            "max_deflate_level": opts.max_deflate_level,
+            "topology_zone": opts.topology_zone,
+            "topology_region": opts.topology_region,
+        }
+
+    async def _pub(self, request: web.BaseRequest, _: str) -> object:
+        max_size = self.opts.max_msg_size
+        length = request.content_length
+        if length is not None and length > max_size:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = await _read_body(request, max_size)
+        if body is None:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        params, topic = self._topic_from_query(request)
+        delay = 0.0
+        defer = _get(params, "defer")
+        if defer is not None:
+            if not _INT64.match(defer) or not -(1 << 63) <= int(defer) < 1 << 63:
+                raise HTTPError(400, "INVALID_DEFER")
+            delay_ms = int(defer)
+            if delay_ms < 0 or delay_ms > self.opts.max_req_timeout * 1000:
+                raise HTTPError(400, "INVALID_DEFER")
+            delay = delay_ms / 1000
+        self._publish(topic, [body], delay)
+        return "OK"
+
+    async def _mpub(self, request: web.BaseRequest, _: str) -> object:
+        opts = self.opts
+        length = request.content_length
+        if length is not None and length > opts.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        params, topic = self._topic_from_query(request)
+        binary = False
+        flag = _get(params, "binary")
+        if flag is not None:
+            if flag in BOOL_PARAMS:
+                binary = BOOL_PARAMS[flag]
+            else:
+                binary = True
+                self.logger.warn(f"deprecated value '{flag}' used for /mpub binary param")
+        # Go reads a binary body without limit (bounded by the message count); this
+        # one stops at --max-body-size, which the Content-Length check implies anyway.
+        body = await _read_body(request, opts.max_body_size)
+        if body is None:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        bodies = self._binary_bodies(topic.name, body) if binary else self._text_bodies(body)
+        self._publish(topic, bodies)
+        return "OK"
+
+    def _text_bodies(self, body: bytes) -> list[bytes]:
+        max_size = self.opts.max_msg_size
+        bodies = [line for line in body.split(b"\n") if line]
+        if any(len(line) > max_size for line in bodies):
+            raise HTTPError(413, "MSG_TOO_BIG")
+        return bodies
+
+    def _binary_bodies(self, topic_name: str, body: bytes) -> list[bytes]:
+        """``readMPUB`` through the TCP codec; errors are 413 with the code minus ``E_``."""
+        opts = self.opts
+        if len(body) < 8:
+            # Go fails on the count read (BAD_BODY), or on the first size read after a
+            # valid count (BAD_MESSAGE); the codec would just wait for more bytes.
+            count = int.from_bytes(body[:4], "big", signed=True) if len(body) >= 4 else 0
+            valid = 0 < count <= (opts.max_body_size - 4) // 5
+            raise HTTPError(413, "BAD_MESSAGE" if valid else "BAD_BODY")
+        parser = CommandParser(opts.max_msg_size, opts.max_body_size, 0)
+        parser.feed(b"MPUB " + topic_name.encode() + b"\n" + len(body).to_bytes(4, "big") + body)
+        try:
+            command = parser.next_command()
+        except ProtocolError as err:
+            raise HTTPError(413, err.code[2:]) from None
+        if command is None or not isinstance(command[1], list):
+            raise HTTPError(413, "BAD_MESSAGE")  # a message cut short
+        return command[1]
+
+    async def _stats(self, request: web.BaseRequest, _: str) -> object:
+        params = _query(request)
+        topic = _get(params, "topic") or ""
+        channel = _get(params, "channel") or ""
+        include_clients = BOOL_PARAMS.get(_get(params, "include_clients") or "", True)
+        include_mem = BOOL_PARAMS.get(_get(params, "include_mem") or "", True)
+        stats = get_stats(self.nsqd, self.server.clients, topic, channel, include_clients)
+        health = self._health()
+        mem = mem_stats() if include_mem else None
+        start_time = self.nsqd.start_time
+        if _get(params, "format") != "json":
+            return format_stats_text(stats, mem, health, start_time, time.time())
+        reply: dict[str, object] = {
+            "version": NSQ_VERSION,
+            "health": health,
+            "start_time": int(start_time),
+            "topics": stats["topics"],
+        }
+        if mem is not None:
+            reply["memory"] = mem
+        reply["producers"] = stats["producers"]
+        return reply
+
+    async def _topic_create(self, request: web.BaseRequest, _: str) -> object:
+        self._topic_from_query(request)
+        return None
+
+    def _topic_name(self, request: web.BaseRequest) -> str:
+        name = _get(_query(request), "topic")
+        if name is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        return name
+
+    async def _topic_delete(self, request: web.BaseRequest, _: str) -> object:
+        try:
+            self.nsqd.delete_topic(self._topic_name(request))
+        except KeyError:
+            raise HTTPError(404, "TOPIC_NOT_FOUND") from None
+        return None
+
+    async def _topic_empty(self, request: web.BaseRequest, _: str) -> object:
+        name = self._topic_name(request)
+        if not is_valid_topic_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        topic = self.nsqd.get_existing_topic(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        try:
+            topic.empty()
+        except (BackendError, OSError) as err:
+            self.logger.error(f"TOPIC({name}): failed to empty - {err}")
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return None
+
+    async def _topic_pause(self, request: web.BaseRequest, _: str) -> object:
+        topic = self.nsqd.get_existing_topic(self._topic_name(request))
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        if "unpause" in request.path:
+            topic.unpause()
+        else:
+            topic.pause()
+        self.nsqd.persist_metadata()
+        return None
+
+    async def _channel_create(self, request: web.BaseRequest, _: str) -> object:
+        topic, channel_name = self._existing_topic_and_channel_name(request)
+        topic.get_channel(channel_name)
+        return None
+
+    async def _channel_delete(self, request: web.BaseRequest, _: str) -> object:
+        topic, channel_name = self._existing_topic_and_channel_name(request)
+        try:
+            topic.delete_channel(channel_name)
+        except KeyError:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND") from None
+        return None
+
+    async def _channel_empty(self, request: web.BaseRequest, _: str) -> object:
+        channel = self._existing_channel(request)
+        try:
+            channel.empty()
+        except (BackendError, OSError) as err:
+            self.logger.error(
+                f"CHANNEL({channel.topic_name}:{channel.name}): failed to empty - {err}"
+            )
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        return None
+
+    async def _channel_pause(self, request: web.BaseRequest, _: str) -> object:
+        channel = self._existing_channel(request)
+        if "unpause" in request.path:
+            channel.unpause()
+        else:
+            channel.pause()
+        self.nsqd.persist_metadata()
+        return None
+
+    async def _config(self, request: web.BaseRequest, opt: str) -> object:
+        opts = self.opts
+        if request.method == "PUT":
+            body = await _read_body(request, opts.max_msg_size)
+            if not body:
+                raise HTTPError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_tcp_addresses":
+                try:
+                    addresses = json.loads(body)
+                except (ValueError, UnicodeDecodeError):
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                if addresses is None:
+                    addresses = []
+                if not isinstance(addresses, list) or not all(
+                    isinstance(a, str) for a in addresses
+                ):
+                    raise HTTPError(400, "INVALID_VALUE")
+                lookup = getattr(self.server, "lookup", None)
+                if lookup is not None:
+                    lookup.set_addresses(addresses)  # reconciles the lookupd peers live
+                else:
+                    opts.lookupd_tcp_addresses = addresses
+            elif opt == "log_level":
+                try:
+                    level = LogLevel.parse(body.decode("utf-8", "surrogateescape"))
+                except ValueError:
+                    raise HTTPError(400, "INVALID_VALUE") from None
+                opts.log_level = level
+                self.logger.level = level
+                self.nsqd.logger.level = level
+            else:
+                raise HTTPError(400, "INVALID_OPTION")
+        ref = option_by_cfg_name(opts, opt)
+        if ref is None:
+            raise HTTPError(400, "INVALID_OPTION")
+        return ref.go_value
+
+    # -- beyond NSQ -------------------------------------------------------------------------
+
+    async def _channel_peek(self, request: web.BaseRequest, _: str) -> object:
+        """The next ``n`` (default 1, at most 1000) messages of the channel's memory queue,
+        oldest first, without taking them; messages spilled to disk are not shown."""
+        channel = self._existing_channel(request)
+        n_text = _get(_query(request), "n") or "1"
+        if not n_text.isdigit() or not 1 <= int(n_text) <= 1000:
+            raise HTTPError(400, "INVALID_ARG_N")
+        queued = channel.peek(int(n_text))
+        return {
+            "depth": channel.depth,
+            "messages": [
+                {
+                    "id": msg_id.decode("ascii", "replace"),
+                    "timestamp": timestamp,
+                    "attempts": attempts & 0xFFFF,
+                    "body": base64.b64encode(body).decode("ascii"),
+                }
+                for msg_id, timestamp, attempts, body in queued
+            ],
+        }
+
+    async def _metrics(self, request: web.BaseRequest, _: str) -> web.Response:
+        stats = get_stats(self.nsqd, self.server.clients, include_clients=True)
+        text = format_prometheus(
+            stats,
+            health_ok=self._health() == "OK",
+            start_time=self.nsqd.start_time,
+            connections=len(self.server.clients),
+        )
+        return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+    # -- /debug ---------------------------------------------------------------------------------
+
+    async def _pprof_index(self, request: web.BaseRequest, _: str) -> web.Response:
+        return text_response(
+            200,
+            "nsqd (nsqpy) debug pages, the Python counterparts of Go's /debug/pprof:\n\n"
+            "/debug/pprof/goroutine      stack of every thread and every asyncio task\n"
+            "/debug/pprof/threadcreate   the threads\n"
+            "/debug/pprof/heap           tracemalloc snapshot, tracing starts on the first call\n"
+            "                            ?top=N (30) &group=lineno|filename|traceback &stop=1\n"
+            "/debug/pprof/profile        cProfile of the event loop thread for ?seconds=N (30),\n"
+            "                            &sort=tottime|cumulative|calls &top=N (60)\n"
+            "/debug/pprof/cmdline        the command line, NUL separated\n"
+            "PUT  /debug/setblockrate    accepted for compatibility, no effect\n"
+            "POST /debug/freememory      full garbage collection, then malloc_trim\n\n"
+            f"Sampling flame graphs without overhead: py-spy record --pid {os.getpid()}\n",
+        )
+
+    async def _pprof_goroutine(self, request: web.BaseRequest, _: str) -> web.Response:
+        out = io.StringIO()
+        frames = sys._current_frames()
+        threads = threading.enumerate()
+        out.write(f"threads: {len(threads)}\n")
+        for thread in threads:
+            daemon = " daemon" if thread.daemon else ""
+            out.write(f"\nthread {thread.name} (ident {thread.ident}){daemon}:\n")
+            frame = frames.get(thread.ident or -1)
+            if frame is not None:
+                out.write("".join(traceback.format_stack(frame)))
+        tasks = asyncio.all_tasks()
+        out.write(f"\nasyncio tasks: {len(tasks)}\n")
+        for task in sorted(tasks, key=lambda t: t.get_name()):
+            coro = task.get_coro()
+            name = getattr(coro, "__qualname__", repr(coro))
+            out.write(f"\ntask {task.get_name()} coro={name}:\n")
+            out.write("".join(traceback.format_list(_await_stack(coro))))
+        return text_response(200, out.getvalue())
+
+    async def _pprof_threads(self, request: web.BaseRequest, _: str) -> web.Response:
+        threads = threading.enumerate()
+        lines = [f"threads: {len(threads)}"]
+        lines += [f"{t.name} ident={t.ident} daemon={t.daemon}" for t in threads]
+        return text_response(200, "\n".join(lines) + "\n")
+
+    async def _pprof_heap(self, request: web.BaseRequest, _: str) -> web.Response:
+        params = _query(request)
+        top_text = _get(params, "top") or "30"
+        group = _get(params, "group") or "lineno"
+        if not top_text.isdigit() or group not in ("lineno", "filename", "traceback"):
+            raise HTTPError(400, "INVALID_ARG")
+        out = io.StringIO()
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(25)
+            out.write("tracemalloc started now (25 frames): allocations from here on are traced,\n")
+            out.write(
+                "call again for a meaningful snapshot (tracing slows nsqd down; &stop=1 ends it)\n\n"
+            )
+        current, peak = tracemalloc.get_traced_memory()
+        out.write(
+            f"traced memory: current {current} bytes, peak {peak} bytes, "
+            f"tracemalloc overhead {tracemalloc.get_tracemalloc_memory()} bytes\n"
+        )
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            (tracemalloc.Filter(False, tracemalloc.__file__),)
+        )
+        statistics = snapshot.statistics(group)
+        top = int(top_text)
+        out.write(f"top {min(top, len(statistics))} of {len(statistics)} by {group}:\n")
+        for index, stat in enumerate(statistics[:top], 1):
+            out.write(f"#{index}: {stat.size} bytes in {stat.count} blocks")
+            lines = stat.traceback.format(most_recent_first=True)
+            out.write(f"  {lines[0].strip()}\n" if group != "traceback" else "\n")
+            if group == "traceback":
+                out.write("\n".join(lines) + "\n")
+        rest = statistics[top:]
+        if rest:
+            out.write(
+                f"other: {sum(s.size for s in rest)} bytes in {sum(s.count for s in rest)} blocks\n"
+            )
+        out.write(f"total: {sum(s.size for s in statistics)} bytes\n")
+        if BOOL_PARAMS.get(_get(params, "stop") or "", False):
+            tracemalloc.stop()
+            out.write("tracemalloc stopped\n")
+        return text_response(200, out.getvalue())
+
+    async def _pprof_profile(self, request: web.BaseRequest, _: str) -> web.Response:
+        import cProfile
+        import pstats
+
+        params = _query(request)
+        seconds_text = _get(params, "seconds") or "30"
+        top_text = _get(params, "top") or "60"
+        sort = _get(params, "sort") or "tottime"
+        if (
+            not seconds_text.isdigit()
+            or not top_text.isdigit()
+            or sort not in ("tottime", "cumulative", "calls", "ncalls")
+        ):
+            raise HTTPError(400, "INVALID_ARG")
+        if self._profiling:
+            raise HTTPError(500, "Could not enable CPU profiling: cpu profiling already in use")
+        self._profiling = True
+        profile = cProfile.Profile()
+        try:
+            profile.enable()
+            try:
+                await asyncio.sleep(int(seconds_text))
+            finally:
+                profile.disable()
+        finally:
+            self._profiling = False
+        out = io.StringIO()
+        out.write(f"cProfile of the event loop thread over {int(seconds_text)}s\n")
+        pstats.Stats(profile, stream=out).sort_stats(sort).print_stats(int(top_text))
+        return text_response(200, out.getvalue())
+
+    async def _pprof_cmdline(self, request: web.BaseRequest, _: str) -> web.Response:
+        return text_response(200, "\x00".join(sys.argv))
+
+    async def _set_block_rate(self, request: web.BaseRequest, _: str) -> web.Response:
+        rate = _get(_query(request), "rate") or ""
+        if not _INT64.match(rate):
+            raise HTTPError(
+                400, f"invalid block rate : strconv.Atoi: parsing {go_quote(rate)}: invalid syntax"
+            )
+        if not -(1 << 63) <= int(rate) < 1 << 63:
+            raise HTTPError(
+                400,
+                f"invalid block rate : strconv.Atoi: parsing {go_quote(rate)}: value out of range",
+            )
+        return web.Response(status=200, body=b"")
+
+    async def _free_memory(self, request: web.BaseRequest, _: str) -> web.Response:
+        gc.collect()
+        _malloc_trim()
+        return web.Response(status=200, body=b"")
+
+
+def _await_stack(coro: Any) -> traceback.StackSummary:
+    """The chain of awaits of a coroutine, outermost first (a goroutine-like stack)."""
+    frames = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append((frame, frame.f_lineno))
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return traceback.StackSummary.extract(frames)
+
+
+def _malloc_trim() -> None:
+    """Give free heap memory back to the OS (glibc only), like Go's FreeOSMemory."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(name).malloc_trim(0)

@@ -16,6 +16,7 @@ from nsqpy.nsqd.metadata import DataDirLock
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.protocol_v2 import ClientV2
+from nsqpy.nsqd.statsd import StatsdPusher
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.http_api import NSQDHTTPServer
@@ -64,6 +65,7 @@ class NSQDServer:
         self.tcp_address = ""
         self.http: NSQDHTTPServer | None = None
         self.lookup: LookupPeers | None = None
+        self.statsd: StatsdPusher | None = None
 
     def _run_in_thread(
         self, fn: Callable[[], None], done: Callable[[BaseException | None], None]
@@ -101,6 +103,11 @@ class NSQDServer:
 
             self.http = NSQDHTTPServer(self)
             await self.http.start()
+        if self.opts.statsd_address:  # Go pushes to statsd whether or not HTTP is on
+            self.statsd = StatsdPusher.for_engine(
+                self.nsqd, self.opts, self.http.port if self.http is not None else 0, self.logger
+            )
+            self.statsd.start()
         await self.lookup.start()
 
     def _new_client(self) -> ClientV2:
@@ -140,6 +147,8 @@ class NSQDServer:
             self.logger.info(f"TCP: closing {self.tcp_address}")
         for client in list(self.clients):
             client.close()
+        if self.statsd is not None:
+            await self.statsd.stop()
         if self.http is not None:
             await self.http.stop()
         if self.lookup is not None:

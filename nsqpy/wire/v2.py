@@ -191,6 +191,8 @@ class CommandParser:
             or block[1::21] != b"I" * n
             or block[2::21] != b"N" * n
             or block[3::21] != b" " * n
+            or b"\r"
+            in block[19::21]  # "FIN <15 bytes>\r\n": Go strips the \r, then the ID is short
         ):
             return None
         self._pos = last
