@@ -9,21 +9,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nsqpy.common.aio import event_loop_factory
 from nsqpy.common.goflags import GoFlagsError, OptionsError, exit_on_error, version_string
 from nsqpy.common.log import Level, Logger
 from nsqpy.nsqd.metadata import MetadataError
 from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.server import NSQDServer
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop where it is installed, else asyncio's default loop."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.new_event_loop
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 def tune_gc() -> None:
@@ -39,6 +30,11 @@ def tune_gc() -> None:
 async def serve(
     opts: Options, logger: Logger, ready: Callable[[NSQDServer], Any] | None = None
 ) -> int:
+    # Signals are handled from the very start: a SIGTERM during start-up still exits gracefully.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     server = NSQDServer(opts, logger)
     try:
         server.dir_lock.lock()
@@ -62,10 +58,6 @@ async def serve(
         return 1
     if ready is not None:
         ready(server)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     tune_gc()
     await stop.wait()
     await server.stop()

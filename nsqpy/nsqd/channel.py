@@ -201,29 +201,49 @@ class Channel:
     # -- delivery -----------------------------------------------------------------------
 
     def dispatch(self) -> None:
-        """Hand queued messages to consumers with room under their RDY."""
-        if self.paused:
+        """Hand queued messages to consumers with room under their RDY.
+
+        In Go every consumer's pump competes for each message, so a burst is spread over
+        a channel's ready consumers; here each ready consumer gets at most its share of
+        what is queued per pass, and passes repeat while messages and room remain."""
+        if self.paused or not self.clients:
             return
+        clients = self.clients
+        if len(clients) == 1:
+            self._dispatch_pass(0)
+            return
+        while True:
+            ready = sum(1 for c in clients if c.ready_count > len(c.in_flight))
+            queued = len(self._memory) + self._backend.depth()
+            if not ready or not queued:
+                return
+            share = -(-queued // ready) if ready > 1 else 0
+            if not self._dispatch_pass(share) or not share:
+                return
+
+    def _dispatch_pass(self, share: int) -> int:
+        """One round over the consumers, each taking up to ``share`` (0: all it has room for)."""
         memory = self._memory
         clients = self.clients
         n = len(clients)
-        if n == 0:
-            return
         backend = self._backend
         start = self._next
         pack = MESSAGE_FRAME_HEADER.pack
         now = 0.0
+        delivered = 0
         for k in range(n):
             client = clients[(start + k) % n]
             in_flight = client.in_flight
             room = client.ready_count - len(in_flight)
             if room <= 0:
                 continue
+            if share and room > share:
+                room = share
             if len(memory) < room and backend.depth():
                 self._refill(room - len(memory))
             if not memory:
                 self._next = (start + k) % n
-                return
+                break
             take = room if room < len(memory) else len(memory)
             if not now:
                 now = time.monotonic()
@@ -243,10 +263,13 @@ class Channel:
             if take:
                 client.message_count += take
                 self.delivery_count += take
+                delivered += take
                 client.send_messages(frames, take)
-        self._next = (start + 1) % n
+        else:
+            self._next = (start + 1) % n
         if now:
             self._nsqd.scan_candidate(self)
+        return delivered
 
     def _sampled(
         self, client: Consumer, room: int, frames: list[bytes], now: float, deadline: float
@@ -280,13 +303,24 @@ class Channel:
             )
             return
         memory = self._memory
+        redefer = self.redefer
         for payload in payloads:
             try:
-                memory.append(from_payload(payload))
+                msg = from_payload(payload)
             except ValueError as err:
                 self._nsqd.logf_error(
                     f"CHANNEL({self.topic_name}:{self.name}): failed to decode message - {err}"
                 )
+                continue
+            if redefer is not None:
+                # deferred when nsqd last exited: deferred again for what is left of its delay
+                due = redefer.pop(msg[0], None)
+                if due is not None and due > time.time_ns():
+                    self._push_deferred(msg, (due - time.time_ns()) / 1e9)
+                    continue
+            memory.append(msg)
+        if redefer is not None and not redefer:
+            self.redefer = None
 
     # -- acknowledgements -----------------------------------------------------------------
 
@@ -452,12 +486,15 @@ class Channel:
         self.exiting = True
         for client in list(self.clients):
             client.close_for_exit()
-        if deleted:
-            self.empty()
-            self._backend.delete()
-            return
-        self._flush_to_backend()
-        self._backend.close()
+        try:
+            if deleted:
+                self.empty()
+                self._backend.delete()
+                return
+            self._flush_to_backend()
+            self._backend.close()
+        except BackendError as err:  # e.g. a full disk: log it and let the others close
+            self._nsqd.logf_error(f"CHANNEL({self.topic_name}:{self.name}): error closing - {err}")
 
     def _flush_to_backend(self) -> None:
         msgs: list[Message] = list(self._memory)

@@ -43,9 +43,9 @@ from aiohttp import web
 from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import format_duration_ns, option_by_cfg_name, seconds_to_ns
 from nsqpy.common.log import LogLevel
+from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.options import TLSRequired
-from nsqpy.nsqd.server import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.stats import (
     PROMETHEUS_CONTENT_TYPE,
     encode_json,

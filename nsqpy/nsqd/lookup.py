@@ -30,6 +30,7 @@ import aiohttp
 
 from nsqpy import NSQ_VERSION
 from nsqpy.common.log import LogLevel
+from nsqpy.common.net import split_host_port
 from nsqpy.wire.names import is_ephemeral, is_valid_channel_name
 from nsqpy.wire.v1 import (
     MAGIC_V1,
@@ -58,15 +59,6 @@ RECONNECT_MAX: Final = 2.0
 def _join_host_port(host: str, port: int) -> str:
     """Go's ``net.JoinHostPort``."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _split_host_port(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {address}: missing port in address")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 def _command_text(cmd: bytes) -> str:
@@ -262,7 +254,7 @@ class LookupPeer:
 
     async def _connect(self) -> _Connection:
         opts = self.peers.opts
-        host, port = _split_host_port(self.address)
+        host, port = split_host_port(self.address)
         # every attempt is logged until one fails; the retries after that are debug
         level = LogLevel.INFO if self._last_failure is None else LogLevel.DEBUG
         self.logger.log(level, f"LOOKUP connecting to {self.address}")
@@ -416,7 +408,7 @@ class LookupPeers:
     def _listening_port(address: str) -> int:
         # 0 for a unix socket, which nsqlookupd then refuses ("IDENTIFY missing fields")
         try:
-            return _split_host_port(address)[1]
+            return split_host_port(address)[1]
         except ValueError:
             return 0
 
@@ -464,9 +456,10 @@ class LookupPeers:
         return [addr for peer in self.peers.values() if (addr := peer.http_address)]
 
     def _topic_created(self, topic: Topic) -> None:
-        if self.server.nsqd._loading:
+        if self.server.nsqd.loading:
             return  # topics from nsqd.dat have their channels already
         if self.peers:
+            topic.hold()  # until the known channels exist, like Go's topic startChan
             self._spawn(self._create_known_channels(topic))
 
     async def _create_known_channels(self, topic: Topic) -> None:
@@ -476,6 +469,12 @@ class LookupPeers:
         Right after start-up no nsqlookupd may have answered IDENTIFY yet: wait for the
         first one for up to --http-client-connect-timeout (Go gives up at once).
         """
+        try:
+            await self._create_known_channels_held(topic)
+        finally:
+            topic.release()
+
+    async def _create_known_channels_held(self, topic: Topic) -> None:
         if not self.identified.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(

@@ -115,6 +115,11 @@ class NSQD:
             return None
         return E2EStream(percentiles, self.opts.e2e_processing_latency_window_time)
 
+    @property
+    def loading(self) -> bool:
+        """True while topics and channels are being recreated from nsqd.dat."""
+        return self._loading
+
     # -- durability (spec §7.5-§7.7) ---------------------------------------------------------
 
     @property
@@ -219,6 +224,20 @@ class NSQD:
         if backend not in self._touched:
             self._touched.add(backend)
             self.wakeup()
+
+    def flush_touched(self) -> str | None:
+        """Hand every buffered disk write to the OS now; the first error, if any.
+
+        Called before a publish is acknowledged, so that a write the disk refuses (full,
+        read-only) fails that publish, as Go's per-message write would, instead of being
+        acknowledged and kept only in memory."""
+        first: str | None = None
+        for backend in self._touched:
+            try:
+                backend.dq.flush()
+            except DiskQueueError as err:
+                first = first or str(err)
+        return first
 
     def sync_tick(self) -> None:
         """Every --sync-timeout: sync each disk queue that had any activity (go-diskqueue)."""
@@ -329,7 +348,9 @@ class NSQD:
             self.wakeup()
 
     def run_pending(self) -> bool:
-        """One step of deferred work (backlog pumps); True if more is pending."""
+        """One step of deferred work (backlog pumps, disk flushes and syncs); True if more is pending."""
+        if self.exiting:
+            return False
         for topic in list(self._pump_set):
             if not topic.pump(PUMP_BUDGET):
                 self._pump_set.discard(topic)
@@ -407,3 +428,4 @@ class NSQD:
             topic.close(deleted=False)
         self._scan_set.clear()
         self._pump_set.clear()
+        self._touched.clear()  # the queues are closed: nothing left to flush or sync

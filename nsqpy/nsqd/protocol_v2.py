@@ -13,13 +13,30 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from nsqpy import NSQ_VERSION
+from nsqpy.nsqd.auth import AuthClient, AuthError, AuthState, auth_reply
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.channel import Channel, ChannelError, InFlight
+from nsqpy.nsqd.options import TLSRequired
+from nsqpy.nsqd.tls import (
+    TLS_HANDSHAKE_TIMEOUT,
+    TLSRequiredParser,
+    cipher_suite_name,
+    peer_common_name,
+    tls_version_name,
+)
+from nsqpy.wire.compression import (
+    CompressionError,
+    DeflateStreamDecoder,
+    DeflateStreamEncoder,
+    SnappyStreamDecoder,
+    SnappyStreamEncoder,
+)
 from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
 from nsqpy.wire.v2 import (
     FRAME_CLOSE_WAIT,
@@ -50,10 +67,37 @@ _client_ids = itertools.count(1)
 class ClientV2(asyncio.Protocol):
     """One V2 connection: a producer, a consumer, or both."""
 
-    def __init__(self, nsqd: NSQD, registry: set[ClientV2]) -> None:
+    def __init__(
+        self,
+        nsqd: NSQD,
+        registry: set[ClientV2],
+        *,
+        tls_context: ssl.SSLContext | None = None,
+        authd: AuthClient | None = None,
+    ) -> None:
         opts = nsqd.opts
         self.nsqd = nsqd
         self._registry = registry
+        # Security and compression (spec §2.4, §7.10, §7.11): what the server offers, what
+        # this connection negotiated, and the codecs applied once per batch read/written.
+        self._tls_context = tls_context
+        self._authd = authd
+        self.tls = False
+        self.tls_version = ""
+        self.tls_cipher_suite = ""
+        self.tls_negotiated_protocol = ""
+        self.tls_negotiated_protocol_is_mutual = False
+        self.snappy = False
+        self.deflate = False
+        self._decoder: Callable[[bytes], bytes] | None = None
+        self._encoder: Callable[[bytes], bytes] | None = None
+        self.auth_state: AuthState | None = None
+        self._auth_secret = b""
+        self._tls_common_name = ""
+        # Waiting for the auth server or a TLS handshake (see _Suspend); bytes read meanwhile.
+        self._suspended: asyncio.Task[None] | None = None
+        self._stashed: list[bytes] = []
+        self._slow_input = False  # decoding, or suspended: data_received's one extra test
         self.id = next(_client_ids)
         self.transport: asyncio.Transport | None = None
         self.parser: CommandParser | None = None
@@ -85,7 +129,8 @@ class ClientV2(asyncio.Protocol):
         self._respond_now = False
         self._in_batch = False
         self._want_dispatch = False
-        self._published = False
+        # The first publish of the read batch, as (error code, command): a failed flush fails it.
+        self._published: tuple[str, str] | None = None
         # Replies held until disk syncs complete (durable acknowledgements, --sync-every=1).
         self._held_syncs = 0
         self._sync_failed: BaseException | None = None
@@ -124,11 +169,27 @@ class ClientV2(asyncio.Protocol):
                 timer.cancel()
         self._flush_timer = self._heartbeat_timer = None
         self._out = []
+        if self._suspended is not None:
+            self._suspended.cancel()  # an auth server query or TLS handshake nobody awaits
+            self._suspended = None
         if self.parser is not None:
             self.nsqd.logf_info(f"PROTOCOL(V2): [{self}] exiting ioloop")
         if self.channel is not None:
             channel, self.channel = self.channel, None
             channel.remove_client(self)
+
+    def eof_received(self) -> bool:
+        """The client closed its side: a command cut short gets Go's "failed to read" error."""
+        self._send_truncated_error()
+        return False
+
+    def _send_truncated_error(self) -> None:
+        err = self.parser.truncated_error() if self.parser is not None else None
+        if err is not None and not self._closed:
+            self.nsqd.logger.error(f"[{self}] - {err.text}")
+            self._out.append(encode_error(err.text))
+            self._respond_now = True
+            self._close_after_flush()
 
     def pause_writing(self) -> None:
         self._write_blocked_since = time.monotonic()
@@ -146,7 +207,15 @@ class ClientV2(asyncio.Protocol):
             parser = self.parser
             if parser is None or not data:
                 return
+        if self._slow_input:
+            data = self._filter_input(data)
+            if not data:
+                return
         parser.feed(data)
+        self._run_commands(parser)
+
+    def _run_commands(self, parser: CommandParser) -> None:
+        """Handle every complete command buffered, then apply the batch's effects."""
         self._in_batch = True
         if self.state == STATE_SUBSCRIBED and self.channel is not None:
             fins = parser.take_fin_block()
@@ -175,6 +244,9 @@ class ClientV2(asyncio.Protocol):
             self.nsqd.logger.error(f"[{self}] - {err}")
             self._close_after_flush()
             return
+        except _Suspend as suspend:
+            self._suspend(suspend, params, body)
+            return
         finally:
             self._in_batch = False
         self._end_batch()
@@ -191,12 +263,217 @@ class ClientV2(asyncio.Protocol):
             self._out.append(encode_error("E_BAD_PROTOCOL"))
             self._close_after_flush()
             return b""
-        opts = self.nsqd.opts
-        self.parser = CommandParser(
-            opts.max_msg_size, opts.max_body_size, int(opts.max_req_timeout * 1000)
-        )
+        self.parser = self._new_parser()
         self.nsqd.logf_info(f"CLIENT({self.remote_address}): desired protocol magic '  V2'")
         return data[need:]
+
+    def _new_parser(self) -> CommandParser:
+        """A parser for what follows; until a TLS upgrade, --tls-required lets IDENTIFY only."""
+        opts = self.nsqd.opts
+        cls = CommandParser
+        if opts.tls_required != TLSRequired.NOT_REQUIRED and not self.tls:
+            cls = TLSRequiredParser
+        return cls(opts.max_msg_size, opts.max_body_size, int(opts.max_req_timeout * 1000))
+
+    # -- compression, TLS and waiting for the auth server -----------------------------------------
+    #
+    # A connection that compresses or is waiting has _slow_input set: data_received then
+    # passes what arrives through _filter_input, once per read, before the parser. The
+    # plain path pays that one test per read and one more per flush (_encoder).
+
+    def _filter_input(self, data: bytes) -> bytes:
+        if self._suspended is not None:
+            # Nothing is handled until the wait is over: keep the bytes as they came (what a
+            # client sends right after the TLS handshake arrives before _upgrade resumes).
+            self._stashed.append(data)
+            return b""
+        assert self._decoder is not None
+        try:
+            return self._decoder(data)
+        except CompressionError as err:
+            # Go: "failed to read command - snappy: corrupt input", no error frame.
+            self.nsqd.logger.error(f"[{self}] - failed to read command - {err}")
+            self._close_after_flush()
+            return b""
+
+    def _suspend(self, suspend: _Suspend, params: list[bytes], body: Body) -> None:
+        """Stop reading and handling commands until ``suspend.work`` is done (see _Suspend)."""
+        self._in_batch = False
+        self._end_batch()  # what the commands before this one produced goes out first
+        if self._closed or self.transport is None:
+            suspend.work.close()
+            return
+        self.transport.pause_reading()
+        self._slow_input = True
+        retry = (params, body) if suspend.retry else None
+        self._suspended = asyncio.get_running_loop().create_task(self._resume(suspend, retry))
+
+    async def _resume(self, suspend: _Suspend, retry: tuple[list[bytes], Body] | None) -> None:
+        try:
+            result = await suspend.work
+        except ProtocolError as err:
+            self._suspended = None
+            self._fail(err)
+            return
+        except ConnectionFailure as err:  # the connection is gone (a failed TLS handshake)
+            self._suspended = None
+            self.nsqd.logger.error(f"[{self}] - {err}")
+            self._closed = True
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
+            return
+        except Exception as err:  # a bug: do not leave the connection hanging
+            self._suspended = None
+            self.nsqd.logger.error(f"[{self}] - {err!r}")
+            self._close_after_flush()
+            return
+        self._suspended = None
+        if self._closed or self.parser is None:
+            return
+        self._last_read = time.monotonic()  # the read deadline starts over, as Go's next read
+        try:
+            if suspend.then is not None:
+                suspend.then(result)
+            if retry is not None:
+                params, body = retry
+                _HANDLERS[params[0]](self, params, body)
+        except ProtocolError as err:
+            if self._fail(err):
+                return
+        except _Suspend as again:
+            assert retry is not None
+            self._suspend(again, *retry)
+            return
+        # What arrived meanwhile, then every command still buffered, in order.
+        stashed, self._stashed = self._stashed, []
+        self._slow_input = self._decoder is not None
+        parser = self.parser
+        for data in stashed:
+            if self._decoder is not None:
+                data = self._filter_input(data)
+            if data:
+                parser.feed(data)
+        if self._closed:
+            return
+        self._run_commands(parser)
+        if not self._closed and self._suspended is None and not self._held_syncs:
+            assert self.transport is not None
+            self.transport.resume_reading()
+
+    def _fail(self, err: ProtocolError) -> bool:
+        """Send ``err``; True if it closed the connection (fatal)."""
+        self.nsqd.logger.error(f"[{self}] - {err.text}")
+        self._respond(encode_error(err.text))
+        if err.fatal:
+            self._close_after_flush()
+            return True
+        return False
+
+    async def _upgrade(self, tls: bool, snappy: bool, deflate: bool, deflate_level: int) -> None:
+        """IDENTIFY's upgrades, after its JSON reply went out in the clear. Go's order: TLS,
+        snappy, deflate, each acknowledged with an OK frame in the new framing."""
+        if tls:
+            self.nsqd.logf_info(f"PROTOCOL(V2): [{self}] upgrading connection to TLS")
+            await self._upgrade_tls()
+        if snappy:
+            self.nsqd.logf_info(f"PROTOCOL(V2): [{self}] upgrading connection to snappy")
+            self._flush()
+            self._encoder = SnappyStreamEncoder().encode
+            self._decoder = SnappyStreamDecoder().decode
+            self.snappy = True
+            self._respond(FRAME_OK)
+            self._flush()
+        if deflate:
+            self.nsqd.logf_info(
+                f"PROTOCOL(V2): [{self}] upgrading connection to deflate (level {deflate_level})"
+            )
+            self._flush()
+            self._encoder = DeflateStreamEncoder(deflate_level).encode
+            self._decoder = DeflateStreamDecoder().decode
+            self.deflate = True
+            self._respond(FRAME_OK)
+            self._flush()
+        # Bytes read before the upgrade but not yet parsed belong to the old framing and are
+        # dropped, as Go's new reader drops what the old one buffered.
+        self.parser = self._new_parser()
+
+    async def _upgrade_tls(self) -> None:
+        """TLS server handshake on this connection (5 s deadline), then OK over TLS."""
+        assert self.transport is not None and self._tls_context is not None
+        loop = asyncio.get_running_loop()
+        # Nothing (a heartbeat) may be written in the clear during the handshake.
+        self._held_syncs += 1
+        try:
+            transport = await loop.start_tls(
+                self.transport,
+                self,
+                self._tls_context,
+                server_side=True,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as err:
+            # start_tls closed the connection: the error frame Go sends in the clear is lost.
+            raise ConnectionFailure(f"E_IDENTIFY_FAILED IDENTIFY failed {err}") from None
+        finally:
+            self._held_syncs -= 1
+        if transport is None:
+            raise ConnectionFailure("E_IDENTIFY_FAILED IDENTIFY failed connection closed")
+        self.transport = transport
+        ssl_object = transport.get_extra_info("ssl_object")
+        self.tls = True
+        if ssl_object is not None:
+            self.tls_version = tls_version_name(ssl_object)
+            self.tls_cipher_suite = cipher_suite_name(ssl_object)
+            self.tls_negotiated_protocol = ssl_object.selected_alpn_protocol() or ""
+            self._tls_common_name = peer_common_name(ssl_object)
+        # Go >= 1.16 always reports NegotiatedProtocolIsMutual true (deprecated field).
+        self.tls_negotiated_protocol_is_mutual = True
+        self._respond(FRAME_OK)
+        self._flush()
+
+    async def _query_auth(self) -> AuthState:
+        """Ask the auth server about this client's secret (Go's ``QueryAuthd``)."""
+        assert self._authd is not None
+        host, sep, _ = self.remote_address.rpartition(":")
+        try:
+            state = await self._authd.query(
+                remote_ip=host.strip("[]") if sep else "",
+                tls=self.tls,
+                common_name=self._tls_common_name,
+                secret=self._auth_secret,
+            )
+        except AuthError as err:
+            # The auth server's troubles are not the client's business: logged only.
+            self.nsqd.logger.warn(f"PROTOCOL(V2): [{self}] AUTH failed {err}")
+            raise ProtocolError("E_AUTH_FAILED", "AUTH failed") from None
+        self.auth_state = state
+        return state
+
+    def _check_auth(self, cmd: str, topic: str, channel: str) -> None:
+        """Go's ``CheckAuth``, for SUB, PUB, MPUB and DPUB when auth is enabled."""
+        state = self.auth_state
+        if state is None:
+            raise ProtocolError("E_AUTH_FIRST", f"AUTH required before {cmd}")
+        if state.is_expired():
+            raise _Suspend(self._query_auth(), retry=True)
+        if not state.is_allowed(topic, channel):
+            raise ProtocolError(
+                "E_UNAUTHORIZED",
+                f"AUTH failed for {cmd} on {go_quote(topic)} {go_quote(channel)}",
+            )
+
+    @property
+    def authed(self) -> bool:
+        """Stats: the client holds authorizations (Go's ``HasAuthorizations``)."""
+        return self.auth_state is not None and bool(self.auth_state.authorizations)
+
+    @property
+    def auth_identity(self) -> str:
+        return self.auth_state.identity if self.auth_state is not None else ""
+
+    @property
+    def auth_identity_url(self) -> str:
+        return self.auth_state.identity_url if self.auth_state is not None else ""
 
     # -- output --------------------------------------------------------------------------------
 
@@ -219,7 +496,17 @@ class ClientV2(asyncio.Protocol):
             if self.channel is not None and self.state == STATE_SUBSCRIBED:
                 self.channel.dispatch()
         if self._published:
-            self._published = False
+            failed = self.nsqd.flush_touched()
+            if failed is not None:
+                # Nothing of this batch is acknowledged: the disk refused the write.
+                code, cmd = self._published
+                text = f"{code} {cmd} failed {failed}"
+                self._out = [encode_error(text)]
+                self._respond_now = True
+                self.nsqd.logger.error(f"[{self}] - {text}")
+                self._close_after_flush()
+                return
+            self._published = None
             if self.nsqd.opts.sync_every == 1:
                 self._hold_for_sync()
         if self._out:
@@ -250,7 +537,7 @@ class ClientV2(asyncio.Protocol):
             self._close_after_flush()
             return
         self._flush()
-        if self.transport is not None:
+        if self.transport is not None and self._suspended is None:  # else _resume resumes
             self.transport.resume_reading()
 
     def _apply_flush_rules(self) -> None:
@@ -283,7 +570,10 @@ class ClientV2(asyncio.Protocol):
             return
         self._out = []
         self._out_bytes = 0
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        data = out[0] if len(out) == 1 else b"".join(out)
+        if self._encoder is not None:
+            data = self._encoder(data)  # snappy or deflate: one frame or flush per write
+        self.transport.write(data)
 
     def _close_after_flush(self) -> None:
         self._flush()
@@ -314,8 +604,10 @@ class ClientV2(asyncio.Protocol):
             return
         now = time.monotonic()
         interval = self.heartbeat_interval
-        if now - self._last_read >= 2 * interval:
+        # (no read deadline while suspended: Go's next read sets one after the auth query)
+        if now - self._last_read >= 2 * interval and self._suspended is None:
             self.nsqd.logger.error(f"[{self}] - read timeout: no command for {2 * interval:g}s")
+            self._send_truncated_error()
             self._abort()
             return
         if self._write_blocked_since and now - self._write_blocked_since >= interval:
@@ -334,11 +626,18 @@ class ClientV2(asyncio.Protocol):
             )
 
     def _check_read_deadline(self) -> None:
-        if not self._closed and time.monotonic() - self._last_read >= 2 * self.heartbeat_interval:
+        if (
+            not self._closed
+            and self._suspended is None
+            and time.monotonic() - self._last_read >= 2 * self.heartbeat_interval
+        ):
             self.nsqd.logger.error(f"[{self}] - read timeout")
+            self._send_truncated_error()
             self._abort()
 
     def _abort(self) -> None:
+        if self._closed:
+            return  # already closing gracefully (after a last error frame)
         self._closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -349,6 +648,8 @@ class ClientV2(asyncio.Protocol):
         assert isinstance(body, bytes)
         try:
             data = json.loads(body)
+            if data is None:
+                data = {}  # Go's Unmarshal of null into a struct: a no-op
             if not isinstance(data, dict):
                 raise ValueError("not an object")
             fields = _IdentifyFields(data)
@@ -381,23 +682,29 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError(
                 "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
             )
-        # TLS, snappy and deflate upgrades arrive with their issue: until then none is granted.
+        tls_v1 = self._tls_context is not None and fields.get_bool("tls_v1")
         reply = {
             "max_rdy_count": opts.max_rdy_count,
             "version": NSQ_VERSION,
             "max_msg_timeout": int(opts.max_msg_timeout * 1000),
             "msg_timeout": int(self.msg_timeout * 1000),
-            "tls_v1": False,
-            "deflate": False,
+            "tls_v1": tls_v1,
+            "deflate": deflate,
             "deflate_level": deflate_level,
             "max_deflate_level": opts.max_deflate_level,
-            "snappy": False,
+            "snappy": snappy,
             "sample_rate": self.sample_rate,
             "auth_required": bool(opts.auth_http_addresses),
             "output_buffer_size": self.output_buffer_size,
             "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
         }
         self._respond(encode_response(json.dumps(reply, separators=(",", ":")).encode()))
+        if tls_v1 or snappy or deflate:
+            # The JSON goes out in the clear; nothing is read until the upgrades are done.
+            # (A PUB pipelined before this IDENTIFY is acknowledged without waiting for a
+            # --sync-every=1 fsync: the acknowledgement must precede the new framing.)
+            self._published = None
+            raise _Suspend(self._upgrade(tls_v1, snappy, deflate, deflate_level))
 
     def _set_heartbeat_interval(self, ms: int) -> None:
         if ms == -1:
@@ -448,8 +755,19 @@ class ClientV2(asyncio.Protocol):
             raise ValueError(f"msg timeout ({ms}) is invalid")
 
     def _auth(self, params: list[bytes], body: Body) -> None:
-        # The auth server protocol arrives with its issue; until then auth is never enabled.
-        raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        # State, parameters and body size were checked by the parser, in Go's order.
+        assert isinstance(body, bytes)
+        if self.authed:
+            raise ProtocolError("E_INVALID", "AUTH already set")
+        if self._authd is None:
+            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+        self._auth_secret = body
+        raise _Suspend(self._query_auth(), then=self._auth_answered)
+
+    def _auth_answered(self, state: AuthState) -> None:
+        if not state.authorizations:
+            raise ProtocolError("E_UNAUTHORIZED", "AUTH no authorizations found")
+        self._respond(encode_response(auth_reply(state)))
 
     def _sub(self, params: list[bytes], body: Body) -> None:
         if self.state != STATE_INIT:
@@ -466,6 +784,8 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError(
                 "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[2])} is not valid"
             )
+        if self._authd is not None:
+            self._check_auth("SUB", topic_name, channel_name)
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
         channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
@@ -578,14 +898,21 @@ class ClientV2(asyncio.Protocol):
 
     def _pub(self, params: list[bytes], body: Body) -> None:
         assert isinstance(body, bytes)
+        if self._authd is not None:
+            self._check_auth("PUB", wire_str(params[1]), "")
         self._publish("PUB", "E_PUB_FAILED", params[1], [body])
 
     def _mpub(self, params: list[bytes], body: Body) -> None:
         assert isinstance(body, list)
+        if self._authd is not None:
+            # Go checks before reading the body; the parser has read it already.
+            self._check_auth("MPUB", wire_str(params[1]), "")
         self._publish("MPUB", "E_MPUB_FAILED", params[1], body)
 
     def _dpub(self, params: list[bytes], body: Body) -> None:
         assert isinstance(body, bytes)
+        if self._authd is not None:
+            self._check_auth("DPUB", wire_str(params[1]), "")
         delay_ms = parse_base10(params[2]) or 0  # the parser validated it
         if delay_ms == 0:
             self._publish("DPUB", "E_DPUB_FAILED", params[1], [body])
@@ -598,7 +925,7 @@ class ClientV2(asyncio.Protocol):
         except BackendError as err:
             raise ProtocolError("E_DPUB_FAILED", f"DPUB failed {err}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + 1
-        self._published = True
+        self._published = self._published or ("E_DPUB_FAILED", "DPUB")
         self._respond(FRAME_OK)
 
     def _publish(self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes]) -> None:
@@ -610,48 +937,91 @@ class ClientV2(asyncio.Protocol):
         except BackendError as err:
             raise ProtocolError(code, f"{cmd} failed {err}") from None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        self._published = True
+        self._published = self._published or (code, cmd)
         self._respond(FRAME_OK)
+
+
+class _Suspend(Exception):
+    """Raised by a command handler that must wait for I/O: a TLS handshake (IDENTIFY) or
+    the auth server (AUTH, or an expired authorization at SUB/PUB/MPUB/DPUB).
+
+    The connection stops reading and handling commands (those already buffered wait in
+    the parser) until ``work`` is done; then ``then(result)`` runs, or with ``retry`` the
+    interrupted command runs again from the start, and the buffered commands follow. An
+    exception from ``work`` is a ProtocolError to send (they are all fatal here).
+    """
+
+    def __init__(
+        self,
+        work: Coroutine[Any, Any, Any],
+        *,
+        then: Callable[[Any], None] | None = None,
+        retry: bool = False,
+    ) -> None:
+        super().__init__("suspended")
+        self.work = work
+        self.then = then
+        self.retry = retry
+
+
+# identifyDataV2's fields and their Go types (value ranges for the integer ones).
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_IDENTIFY_TYPES: dict[str, type | tuple[int, int]] = {
+    "client_id": str,
+    "hostname": str,
+    "user_agent": str,
+    "topology_region": str,
+    "topology_zone": str,
+    "feature_negotiation": bool,
+    "tls_v1": bool,
+    "deflate": bool,
+    "snappy": bool,
+    "heartbeat_interval": _INT64,
+    "output_buffer_size": _INT64,
+    "output_buffer_timeout": _INT64,
+    "deflate_level": _INT64,
+    "msg_timeout": _INT64,
+    "sample_rate": _INT32,
+}
 
 
 class _IdentifyFields:
     """IDENTIFY's JSON read like Go's json.Unmarshal into identifyDataV2: keys match
-    case-insensitively, null leaves the zero value, a wrongly typed value is an error."""
+    case-insensitively, null leaves the zero value, and a value of the wrong type (or out
+    of its Go integer type's range) fails the whole decode, before any field is used."""
 
     __slots__ = ("_data",)
 
     def __init__(self, data: dict[str, Any]) -> None:
-        self._data = {k.lower(): v for k, v in reversed(list(data.items()))}
+        folded = {k.lower(): v for k, v in reversed(list(data.items()))}
         # exact-case keys win over case-insensitive ones, as in Go
-        self._data.update({k: v for k, v in data.items() if k == k.lower()})
+        folded.update({k: v for k, v in data.items() if k == k.lower()})
+        for key, value in folded.items():
+            kind = _IDENTIFY_TYPES.get(key)
+            if kind is None or value is None:
+                continue
+            if isinstance(kind, tuple):
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, int)
+                    or not kind[0] <= value <= kind[1]
+                ):
+                    raise ValueError(key)
+            elif not isinstance(value, kind):
+                raise ValueError(key)
+        self._data = folded
 
     def get_int(self, key: str) -> int:
         value = self._data.get(key)
-        if value is None:
-            return 0
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or not -(1 << 63) <= value < 1 << 63
-        ):
-            raise ValueError(key)
-        return value
+        return 0 if value is None else int(value)
 
     def get_bool(self, key: str) -> bool:
-        value = self._data.get(key)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise ValueError(key)
-        return value
+        return bool(self._data.get(key))
 
     def get_str(self, key: str) -> str:
         value = self._data.get(key)
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise ValueError(key)
-        return value
+        return "" if value is None else str(value)
 
 
 _HANDLERS: dict[bytes, Callable[[ClientV2, list[bytes], Body], None]] = {

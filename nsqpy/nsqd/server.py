@@ -6,44 +6,24 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Logger
+from nsqpy.common.net import format_address, is_unix_address, split_host_port
+from nsqpy.nsqd.auth import AuthClient
 from nsqpy.nsqd.lookup import LookupPeers
 from nsqpy.nsqd.metadata import DataDirLock
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.protocol_v2 import ClientV2
 from nsqpy.nsqd.statsd import StatsdPusher
+from nsqpy.nsqd.tls import build_client_tls_context, build_tls_context
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.http_api import NSQDHTTPServer
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """Go's net.SplitHostPort for ``host:port`` and ``[v6]:port``; raises ValueError."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"address {address}: missing port in address")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"address {address}: invalid port")
-    return host, int(port)
-
-
-def is_unix_address(address: str) -> bool:
-    """NSQ treats an address that is not ``host:port`` as a unix socket path."""
-    return "/" in address or ":" not in address
-
-
-def format_address(sock_name: object) -> str:
-    if isinstance(sock_name, tuple):
-        host, port = sock_name[0], sock_name[1]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return str(sock_name)
 
 
 class NSQDServer:
@@ -63,6 +43,9 @@ class NSQDServer:
         self._pending_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.tcp_address = ""
+        # Go's tlsConfig (TCP tls_v1 upgrades and HTTPS) and the auth server client.
+        self.tls_context: ssl.SSLContext | None = None
+        self.authd: AuthClient | None = None
         self.http: NSQDHTTPServer | None = None
         self.lookup: LookupPeers | None = None
         self.statsd: StatsdPusher | None = None
@@ -79,21 +62,37 @@ class NSQDServer:
         self._loop = loop
         self.nsqd.wakeup = self._wakeup
         self.nsqd.run_in_thread = self._run_in_thread
+        opts = self.opts
+        self.tls_context = build_tls_context(opts)  # TLSConfigError is a ValueError
+        if opts.auth_http_addresses:
+            self.authd = AuthClient(
+                opts.auth_http_addresses,
+                method=opts.auth_http_request_method,
+                connect_timeout=opts.http_client_connect_timeout,
+                request_timeout=opts.http_client_request_timeout,
+                tls_context=build_client_tls_context(opts),
+            )
         address = self.opts.tcp_address
         if is_unix_address(address):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address)
-            self._tcp_server = await loop.create_unix_server(self._new_client, address)
+            self._tcp_server = await loop.create_unix_server(
+                self._new_client, address, start_serving=False
+            )
         else:
             host, port = split_host_port(address)
             self._tcp_server = await loop.create_server(
-                self._new_client, host or None, port, reuse_address=True, backlog=1024
+                self._new_client,
+                host or None,
+                port,
+                reuse_address=True,
+                backlog=1024,
+                start_serving=False,
             )
             for sock in self._tcp_server.sockets:
                 if sock.family in (socket.AF_INET, socket.AF_INET6):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.tcp_address = format_address(self._tcp_server.sockets[0].getsockname())
-        self.logger.info(f"TCP: listening on {self.tcp_address}")
         self._scan_timer = loop.call_later(self.opts.queue_scan_interval, self._queue_scan)
         self._sync_timer = loop.call_later(self.opts.sync_timeout, self._sync_tick)
         self.nsqd.wakeup()  # topics loaded from nsqd.dat may have a backlog to pump
@@ -109,9 +108,13 @@ class NSQDServer:
             )
             self.statsd.start()
         await self.lookup.start()
+        # Clients come in only now, so that a topic they create finds the lookupd peers
+        # started (and gets the channels nsqlookupd knows of).
+        await self._tcp_server.start_serving()
+        self.logger.info(f"TCP: listening on {self.tcp_address}")
 
     def _new_client(self) -> ClientV2:
-        return ClientV2(self.nsqd, self.clients)
+        return ClientV2(self.nsqd, self.clients, tls_context=self.tls_context, authd=self.authd)
 
     def _wakeup(self) -> None:
         if not self._pending_scheduled and self._loop is not None:
@@ -153,6 +156,8 @@ class NSQDServer:
             await self.http.stop()
         if self.lookup is not None:
             await self.lookup.stop()
+        if self.authd is not None:
+            await self.authd.close()
         for timer in (self._scan_timer, self._sync_timer):
             if timer is not None:
                 timer.cancel()

@@ -31,6 +31,7 @@ class Topic:
     __slots__ = (
         "_backend",
         "_flowing",
+        "_held",
         "_ids",
         "_memory",
         "_nsqd",
@@ -58,6 +59,9 @@ class Topic:
         self.message_bytes = 0
         # Channels that take publishes directly right now (see the module docstring).
         self._flowing: list[Channel] = []
+        # >0 while the channels nsqlookupd knows of are being created (Go's startChan):
+        # messages wait in the backlog so that those channels get them too.
+        self._held = 0
         # Deferred messages written to the backend at the last exit: ID → due (unix ns).
         self.redefer: dict[bytes, int] | None = None
 
@@ -132,7 +136,7 @@ class Topic:
             self._backend.put_many([to_payload(m) for m in msgs[max(room, 0) :]])
             msgs = msgs[:room] if room > 0 else []
         memory.extend(msgs)
-        if self.channels and not self.paused:
+        if self.channels and not self.paused and not self._held:
             self._nsqd.request_pump(self)
 
     # -- the backlog pump -----------------------------------------------------------------
@@ -140,7 +144,7 @@ class Topic:
     def pump(self, budget: int) -> bool:
         """Move up to ``budget`` backlog messages into the channels; True if more remain."""
         live = [c for c in self.channels.values() if not c.exiting]
-        if not live or self.paused or self.exiting:
+        if not live or self.paused or self.exiting or self._held:
             return False
         moved = 0
         while moved < budget:
@@ -206,12 +210,21 @@ class Topic:
 
     def _update_flowing(self) -> None:
         has_backlog = bool(self._memory) or self._backend.depth() > 0
-        if self.paused or self.exiting or has_backlog:
+        if self.paused or self.exiting or has_backlog or self._held:
             self._flowing = []
         else:
             self._flowing = [c for c in self.channels.values() if not c.exiting]
-        if has_backlog and self.channels and not self.paused:
+        if has_backlog and self.channels and not self.paused and not self._held:
             self._nsqd.request_pump(self)
+
+    def hold(self) -> None:
+        """Keep messages in the topic until release() (while its known channels are created)."""
+        self._held += 1
+        self._update_flowing()
+
+    def release(self) -> None:
+        self._held = max(0, self._held - 1)
+        self._update_flowing()
 
     # -- channels ---------------------------------------------------------------------------
 
@@ -267,8 +280,11 @@ class Topic:
                 self._nsqd.notify_channel_deleted(channel)
             self.channels.clear()
             self._memory.clear()
-            self._backend.empty()
-            self._backend.delete()
+            try:
+                self._backend.empty()
+                self._backend.delete()
+            except BackendError as err:
+                self._nsqd.logf_error(f"TOPIC({self.name}): error deleting - {err}")
             return
         for channel in self.channels.values():
             channel.close(deleted=False)
@@ -283,4 +299,7 @@ class Topic:
                 self._nsqd.logf_error(
                     f"TOPIC({self.name}): failed to flush {len(payloads)} messages - {err}"
                 )
-        self._backend.close()
+        try:
+            self._backend.close()
+        except BackendError as err:  # e.g. a full disk: log it, nsqd goes on closing
+            self._nsqd.logf_error(f"TOPIC({self.name}): error closing - {err}")

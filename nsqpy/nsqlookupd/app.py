@@ -5,22 +5,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from nsqpy.common.aio import event_loop_factory
 from nsqpy.common.goflags import GoFlagsError, OptionsError, exit_on_error, version_string
 from nsqpy.common.log import Level, Logger
 from nsqpy.nsqlookupd.lookupd import NSQLookupd
 from nsqpy.nsqlookupd.options import Options, parse_nsqlookupd_args, validate
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop where it is installed, else asyncio's default loop (as nsqd's app)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.new_event_loop
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 async def serve(opts: Options, logger: Logger) -> int:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import format_duration_ns, seconds_to_ns
+from nsqpy.common.net import format_address
 from nsqpy.nsqlookupd.registration_db import (
     Registration,
     filter_by_active,
@@ -29,7 +30,6 @@ from nsqpy.nsqlookupd.registration_db import (
     keys,
     subkeys,
 )
-from nsqpy.nsqlookupd.tcp import format_address
 from nsqpy.wire.names import is_valid_channel_name, is_valid_topic_name
 from nsqpy.wire.v1 import encode_json
 

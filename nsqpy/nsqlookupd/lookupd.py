@@ -13,24 +13,13 @@ import socket
 
 from nsqpy.common.goflags import version_string
 from nsqpy.common.log import Logger
+from nsqpy.common.net import format_address, split_host_port
 from nsqpy.nsqlookupd.http_api import LookupdHTTPServer
 from nsqpy.nsqlookupd.options import Options
 from nsqpy.nsqlookupd.registration_db import RegistrationDB
-from nsqpy.nsqlookupd.tcp import LookupProtocolV1, format_address
+from nsqpy.nsqlookupd.tcp import LookupProtocolV1
 
-__all__ = ["NSQLookupd", "split_host_port"]
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """Go's ``net.SplitHostPort`` for ``host:port`` and ``[v6]:port``; raises ValueError."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"address {address}: missing port in address")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"address {address}: invalid port")
-    return host, int(port)
+__all__ = ["NSQLookupd"]
 
 
 class NSQLookupd:

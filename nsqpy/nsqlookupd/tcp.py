@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import format_duration_ns
+from nsqpy.common.net import format_address
 from nsqpy.nsqlookupd.registration_db import PeerInfo, Producer, Registration
 from nsqpy.wire.names import is_ephemeral
 from nsqpy.wire.v1 import (
@@ -35,17 +36,9 @@ from nsqpy.wire.v1 import (
 if TYPE_CHECKING:
     from nsqpy.nsqlookupd.lookupd import NSQLookupd
 
-__all__ = ["LookupProtocolV1", "format_address"]
+__all__ = ["LookupProtocolV1"]
 
 CLIENT_KEY = Registration("client", "", "")
-
-
-def format_address(sock_name: object) -> str:
-    """A socket address as Go's ``net.Addr.String()``: ``ip:port`` or ``[v6]:port``."""
-    if isinstance(sock_name, tuple):
-        host, port = sock_name[0], sock_name[1]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return str(sock_name)
 
 
 class LookupProtocolV1(asyncio.Protocol):

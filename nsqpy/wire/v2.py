@@ -103,6 +103,7 @@ class CommandParser:
         "_pending",
         "_pending_len",
         "_pos",
+        "_short",
         "max_body_size",
         "max_msg_size",
         "max_req_timeout_ms",
@@ -121,6 +122,8 @@ class CommandParser:
         self._need = 0
         self._pending: list[bytes] = []
         self._pending_len = 0
+        # The error Go sends if the connection ends (EOF, read timeout) while waiting here.
+        self._short: tuple[str, str] | None = None
         # An MPUB being read message by message: (params, bodies so far, count).
         self._mpub: tuple[list[bytes], list[bytes], int] | None = None
 
@@ -141,6 +144,13 @@ class CommandParser:
         self._pos = 0
         self._need = 0
 
+    def truncated_error(self) -> ProtocolError | None:
+        """The "failed to read ..." error due if the input ends now, in the middle of a
+        command's body (Go's io.ReadFull failing); None between commands or in a line."""
+        if self._need and self._short is not None:
+            return ProtocolError(*self._short)
+        return None
+
     def buffered(self) -> int:
         """Bytes received but not yet consumed by a complete command."""
         return len(self._buf) - self._pos + self._pending_len
@@ -149,6 +159,7 @@ class CommandParser:
         """The next complete command, or ``None`` until more bytes are fed."""
         if self._need:
             return None
+        self._short = None
         if self._mpub is not None:
             return self._mpub_messages()
         buf = self._buf
@@ -236,23 +247,24 @@ class CommandParser:
         if not is_valid_topic_name(wire_str(topic)):
             raise _fatal("E_BAD_TOPIC", f"{cmd.decode()} topic name {go_quote(topic)} is not valid")
 
-    def _wait(self, upto: int) -> None:
+    def _wait(self, upto: int, code: str, desc: str) -> None:
         self._need = upto - self._pos
+        self._short = (code, desc)
 
     def _message_body(self, cmd: bytes, params: list[bytes], start: int) -> Command | None:
         buf = self._buf
+        c = cmd.decode()
         if len(buf) < start + 4:
-            self._wait(start + 4)
+            self._wait(start + 4, "E_BAD_MESSAGE", f"{c} failed to read message body size")
             return None
         (size,) = _INT32.unpack_from(buf, start)
-        c = cmd.decode()
         if size <= 0:
             raise _fatal("E_BAD_MESSAGE", f"{c} invalid message body size {size}")
         if size > self.max_msg_size:
             raise _fatal("E_BAD_MESSAGE", f"{c} message too big {size} > {self.max_msg_size}")
         end = start + 4 + size
         if len(buf) < end:
-            self._wait(end)
+            self._wait(end, "E_BAD_MESSAGE", f"{c} failed to read message body")
             return None
         self._pos = end
         return (params, buf[start + 4 : end])
@@ -261,11 +273,11 @@ class CommandParser:
         self, cmd: bytes, params: list[bytes], start: int, *, too_big_first: bool
     ) -> Command | None:
         buf = self._buf
+        c = cmd.decode()
         if len(buf) < start + 4:
-            self._wait(start + 4)
+            self._wait(start + 4, "E_BAD_BODY", f"{c} failed to read body size")
             return None
         (size,) = _INT32.unpack_from(buf, start)
-        c = cmd.decode()
         too_big = size > self.max_body_size
         if too_big and too_big_first:
             raise _fatal("E_BAD_BODY", f"{c} body too big {size} > {self.max_body_size}")
@@ -275,7 +287,7 @@ class CommandParser:
             raise _fatal("E_BAD_BODY", f"{c} body too big {size} > {self.max_body_size}")
         end = start + 4 + size
         if len(buf) < end:
-            self._wait(end)
+            self._wait(end, "E_BAD_BODY", f"{c} failed to read body")
             return None
         self._pos = end
         return (params, buf[start + 4 : end])
@@ -293,9 +305,9 @@ class CommandParser:
         if len(buf) < start + 8:
             if len(buf) >= start + 4:
                 self._check_mpub_size(_INT32.unpack_from(buf, start)[0])
-                self._wait(start + 8)
+                self._wait(start + 8, "E_BAD_BODY", "MPUB failed to read message count")
             else:
-                self._wait(start + 4)
+                self._wait(start + 4, "E_BAD_BODY", "MPUB failed to read body size")
             return None
         body_size, count = struct.unpack_from(">ii", buf, start)
         self._check_mpub_size(body_size)
@@ -321,7 +333,7 @@ class CommandParser:
         while i < count:
             if n < p + 4:
                 self._pos = p
-                self._wait(p + 4)
+                self._wait(p + 4, "E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
                 return None
             (size,) = unpack(buf, p)
             if size <= 0:
@@ -331,7 +343,7 @@ class CommandParser:
             end = p + 4 + size
             if n < end:
                 self._pos = p
-                self._wait(end)
+                self._wait(end, "E_BAD_MESSAGE", "MPUB failed to read message body")
                 return None
             append(buf[p + 4 : end])
             p = end
