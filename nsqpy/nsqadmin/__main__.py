@@ -1,0 +1,3 @@
+from nsqpy.nsqadmin.app import main
+
+main()
