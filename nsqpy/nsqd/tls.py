@@ -4,31 +4,19 @@ what a connection negotiated (the ``tls_*`` client stats).
 
 Go builds one ``tls.Config`` (``buildTLSConfig``) that serves both the ``tls_v1``
 IDENTIFY upgrade on the TCP port and the HTTPS listener; :func:`build_tls_context`
-is its counterpart, :func:`build_client_tls_context` that of ``buildClientTLSConfig``
-(outbound HTTPS, i.e. the auth server).
-
-Wiring the HTTP side (``http_api``)::
-
-    ctx = build_tls_context(opts)            # or the one NSQDServer built: server.tls_context
-    if ctx is not None and opts.https_address:
-        ...TCPSite(runner, host, port, ssl_context=ctx)   # log "HTTPS: listening on <addr>"
-    if opts.tls_required == TLSRequired.REQUIRED:
-        # the plain HTTP app only (not the HTTPS one)
-        app.middlewares.insert(0, tls_required_middleware(lambda: https_port))
+is its counterpart (``NSQDServer.tls_context``, which ``http_api`` also listens with),
+:func:`build_client_tls_context` that of ``buildClientTLSConfig`` (outbound HTTPS, i.e.
+the auth server).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ssl
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, cast
 
 from nsqpy.nsqd.options import Options
 from nsqpy.wire.v2 import MAX_LINE_LENGTH, Command, CommandParser, ProtocolError, wire_str
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 __all__ = [
     "TLSConfigError",
@@ -37,8 +25,6 @@ __all__ = [
     "build_tls_context",
     "cipher_suite_name",
     "peer_common_name",
-    "tls_required_body",
-    "tls_required_middleware",
     "tls_version_name",
 ]
 
@@ -272,39 +258,3 @@ class TLSRequiredParser(CommandParser):
                         "E_INVALID", f"cannot {wire_str(name)} in current state (TLS required)"
                     )
         return super().next_command()
-
-
-def tls_required_body(https_port: int) -> str:
-    """The body Go's plain HTTP server answers every request with under
-    ``--tls-required=true`` (status 403; nsq's HTTP clients retry on https at that port)."""
-    return f'{{"message": "TLS_REQUIRED", "https_port": {https_port}}}'
-
-
-def tls_required_middleware(
-    https_port: Callable[[], int],
-) -> Callable[
-    [web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]],
-    Awaitable[web.StreamResponse],
-]:
-    """An aiohttp middleware for the *plain* HTTP app when ``--tls-required=true`` (not
-    ``tcp-https``): every request gets Go's 403 ``TLS_REQUIRED`` answer.
-
-    ``https_port()`` returns the port the HTTPS listener really got (0 if there is none,
-    as Go's ``RealHTTPSAddr`` then reports).
-    """
-    from aiohttp import web
-
-    @web.middleware
-    async def middleware(
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        return web.Response(
-            status=403,
-            text=tls_required_body(https_port()),
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"X-NSQ-Content-Type": "nsq; version=1.0"},
-        )
-
-    return middleware
