@@ -1,12 +1,7 @@
 """nsqd's HTTP API (spec §3) on the event loop the TCP server runs on.
 
-Routing is NSQ's (``julienschmidt/httprouter``): method-strict, ``404
-{"message":"NOT_FOUND"}`` for an unknown path, ``405 {"message":"METHOD_NOT_ALLOWED"}``
-with an ``Allow`` header for a known path and another method, automatic ``OPTIONS``
-replies, and a redirect for a path that only differs by a trailing slash. Replies
-follow ``http_api.RespondV1``: ``X-NSQ-Content-Type: nsq; version=1.0`` on every V1
-reply, strings written raw, anything else as JSON, errors as ``{"message": <TEXT>}``.
-Parameters come from the query string only, parsed like Go's ``url.ParseQuery``.
+Routing, replies and parameters are NSQ's ``http_api`` (:mod:`nsqpy.common.httpapi`):
+strings written raw, anything else as JSON, errors as ``{"message": <TEXT>}``.
 
 Publishing calls the same engine methods as the TCP protocol. Beyond NSQ:
 ``GET /metrics`` (Prometheus text format), ``GET /channel/peek`` and Python
@@ -34,28 +29,34 @@ import threading
 import time
 import traceback
 import tracemalloc
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
 from nsqpy import NSQ_VERSION
-from nsqpy.common.goflags import format_duration_ns, option_by_cfg_name, seconds_to_ns
+from nsqpy.common.goflags import option_by_cfg_name, seconds_to_ns
+from nsqpy.common.httpapi import (
+    JSON_CONTENT_TYPE,
+    V1_HEADER,
+    HTTPError,
+    ReqParams,
+    Router,
+    server_runner,
+    text_response,
+)
 from nsqpy.common.log import LogLevel
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.options import TLSRequired
 from nsqpy.nsqd.stats import (
     PROMETHEUS_CONTENT_TYPE,
-    encode_json,
     format_prometheus,
     format_stats_text,
     get_stats,
     mem_stats,
     track_gc_pauses,
 )
-from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
+from nsqpy.wire.names import go_quote, is_valid_topic_name
 from nsqpy.wire.v2 import CommandParser, ProtocolError
 
 if TYPE_CHECKING:
@@ -65,84 +66,12 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.server import NSQDServer
     from nsqpy.nsqd.topic import Topic
 
-__all__ = ["HTTPError", "NSQDHTTPServer", "parse_query"]
-
-V1_HEADER: Final = ("X-NSQ-Content-Type", "nsq; version=1.0")
-JSON_CONTENT_TYPE: Final = "application/json; charset=utf-8"
-TEXT_CONTENT_TYPE: Final = "text/plain; charset=utf-8"
+__all__ = ["NSQDHTTPServer"]
 
 # http_api's boolParams: anything else means "not given" (or, for /mpub's binary, true)
 BOOL_PARAMS: Final = {"true": True, "1": True, "false": False, "0": False}
 
 _INT64 = re.compile(r"[+-]?[0-9]+\Z")
-
-
-class HTTPError(Exception):
-    """``http_api.Err``: the reply's status and its ``message`` text."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-
-
-class QueryError(ValueError):
-    """The query string is not valid for Go's ``url.ParseQuery``."""
-
-
-def _unescape(text: str) -> str:
-    # url.QueryUnescape: '+' is a space, '%' must be followed by two hex digits.
-    if "%" not in text and "+" not in text:
-        return text
-    out = bytearray()
-    raw = text.encode("utf-8", "surrogateescape")
-    i = 0
-    while i < len(raw):
-        b = raw[i]
-        if b == 0x25:  # '%'
-            pair = raw[i + 1 : i + 3]
-            if len(pair) < 2 or not all(c in b"0123456789abcdefABCDEF" for c in pair):
-                raise QueryError(f"invalid URL escape {go_quote(raw[i : i + 3].decode('latin-1'))}")
-            out.append(int(pair, 16))
-            i += 3
-            continue
-        out.append(0x20 if b == 0x2B else b)
-        i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
-def parse_query(raw_query: str) -> dict[str, list[str]]:
-    """Go's ``url.ParseQuery``: keys in order, every value kept; raises QueryError."""
-    values: dict[str, list[str]] = {}
-    error: QueryError | None = None
-    for part in raw_query.split("&"):
-        if ";" in part:
-            error = error or QueryError("invalid semicolon separator in query")
-            continue
-        if not part:
-            continue
-        key, _, value = part.partition("=")
-        try:
-            values.setdefault(_unescape(key), []).append(_unescape(value))
-        except QueryError as err:
-            error = error or err
-    if error is not None:
-        raise error
-    return values
-
-
-def _query(request: web.BaseRequest) -> dict[str, list[str]]:
-    """The request's query parameters; 400 INVALID_REQUEST when unparsable."""
-    _, _, raw_query = request.raw_path.partition("?")
-    try:
-        return parse_query(raw_query)
-    except QueryError:
-        raise HTTPError(400, "INVALID_REQUEST") from None
-
-
-def _get(params: dict[str, list[str]], key: str) -> str | None:
-    values = params.get(key)
-    return values[0] if values else None
 
 
 async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
@@ -169,51 +98,6 @@ async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
         raise HTTPError(500, "INTERNAL_ERROR") from None
 
 
-# -- replies --------------------------------------------------------------------------------
-
-
-def v1_response(status: int, data: object) -> web.Response:
-    """``http_api.RespondV1``: str/bytes raw, None empty, anything else JSON."""
-    headers = {V1_HEADER[0]: V1_HEADER[1]}
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogateescape")
-    if isinstance(data, bytes):
-        if data:
-            headers["Content-Type"] = TEXT_CONTENT_TYPE  # what Go's content sniffing says
-        return web.Response(status=status, body=data, headers=headers)
-    if data is None:
-        return web.Response(status=status, body=b"", headers=headers)
-    headers["Content-Type"] = JSON_CONTENT_TYPE
-    return web.Response(status=status, body=encode_json(data), headers=headers)
-
-
-def v1_error(status: int, text: str) -> web.Response:
-    headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
-    return web.Response(status=status, body=encode_json({"message": text}), headers=headers)
-
-
-def text_response(status: int, text: str, content_type: str = TEXT_CONTENT_TYPE) -> web.Response:
-    """A plain reply (Go's ``PlainText`` decorator and the pprof pages): no NSQ header."""
-    return web.Response(
-        status=status,
-        body=text.encode("utf-8", "surrogateescape"),
-        headers={"Content-Type": content_type},
-    )
-
-
-Handler = Callable[[web.BaseRequest, str], Awaitable[object]]
-
-
-@dataclass(frozen=True)
-class Route:
-    """One method of one path. ``v1`` handlers return data or raise HTTPError; the
-    others return their own response. ``log`` is Go's ``http_api.Log`` decorator."""
-
-    handler: Handler
-    v1: bool = True
-    log: bool = True
-
-
 # -- the server -----------------------------------------------------------------------------
 
 
@@ -236,7 +120,8 @@ class NSQDHTTPServer:
         self.https_port = 0  # Go's RealHTTPSAddr().Port: 0 without an HTTPS listener
         self._runner: web.ServerRunner | None = None
         self._profiling = False
-        self._routes: dict[str, dict[str, Route]] = {}
+        self.router = Router(self.logger)
+        self._routes = self.router.routes  # the same table, for tests that patch a handler
         self._add_routes()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -245,9 +130,7 @@ class NSQDHTTPServer:
         """Listen on ``--http-address`` (TCP ``host:port`` or a unix socket path), and on
         ``--https-address`` when TLS is configured."""
         track_gc_pauses()
-        web_server = web.Server(self._handle, access_log=None)
-        self._runner = web.ServerRunner(web_server, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
+        self._runner = await server_runner(self._handle)
         tls_context: ssl.SSLContext | None = getattr(self.server, "tls_context", None)
         if tls_context is not None and self.opts.https_address:
             self.https_address, self.https_port = await self._listen(
@@ -290,7 +173,7 @@ class NSQDHTTPServer:
     # -- routing --------------------------------------------------------------------------
 
     def _add_routes(self) -> None:
-        add = self._add
+        add = self.router.add
         add("GET", "/ping", self._ping, v1=False)
         add("GET", "/info", self._info)
         add("POST", "/pub", self._pub, log=False)
@@ -321,82 +204,15 @@ class NSQDHTTPServer:
         add("PUT", "/debug/setblockrate", self._set_block_rate, v1=False)
         add("POST", "/debug/freememory", self._free_memory, v1=False)
 
-    def _add(
-        self, method: str, path: str, handler: Handler, *, v1: bool = True, log: bool = True
-    ) -> None:
-        self._routes.setdefault(path, {})[method] = Route(handler, v1=v1, log=log)
-
-    def _match(self, path: str) -> tuple[dict[str, Route] | None, str]:
-        """The methods served at ``path`` and the ``:opt`` parameter, if any."""
-        methods = self._routes.get(path)
-        if methods is not None:
-            return methods, ""
-        if path.startswith("/config/"):
-            opt = path[len("/config/") :]
-            if opt and "/" not in opt:
-                return self._routes["/config/:opt"], opt
-        return None, ""
-
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        started = time.perf_counter_ns()
-        response, logged = await self._dispatch(request)
-        if logged:
-            elapsed = format_duration_ns(time.perf_counter_ns() - started)
-            self.logger.info(
-                f"{response.status} {request.method} {request.raw_path} ({self._peer(request)}) {elapsed}"
-            )
-        return response
-
-    async def _dispatch(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
         if self.opts.tls_required == TLSRequired.REQUIRED and not request.secure:
-            return self._tls_required(), False
-        path = request.path
-        methods, param = self._match(path)
-        if methods is None:
-            alternative = path[:-1] if path.endswith("/") else path + "/"
-            if len(path) > 1 and self._match(alternative)[0] is not None:
-                return self._redirect(request, alternative), False
-            return v1_error(404, "NOT_FOUND"), True
-        route = methods.get(request.method)
-        if route is None:
-            allow = ", ".join(sorted({*methods, "OPTIONS"}))
-            if request.method == "OPTIONS":
-                return web.Response(status=200, headers={"Allow": allow}), False
-            response = v1_error(405, "METHOD_NOT_ALLOWED")
-            response.headers["Allow"] = allow
-            return response, True
-        try:
-            result = await route.handler(request, param)
-        except HTTPError as err:
-            if route.v1:
-                return v1_error(err.status, err.text), route.log
-            return text_response(err.status, err.text), route.log
-        except Exception as err:
-            self.logger.error(f"panic in HTTP handler - {err!r}\n{traceback.format_exc()}")
-            return v1_error(500, "INTERNAL_ERROR"), True
-        if isinstance(result, web.StreamResponse):
-            return result, route.log
-        return v1_response(200, result), route.log
-
-    def _redirect(self, request: web.BaseRequest, path: str) -> web.Response:
-        # httprouter's RedirectTrailingSlash: 301 for GET, 308 for the other methods
-        _, sep, query = request.raw_path.partition("?")
-        status = 301 if request.method == "GET" else 308
-        return web.Response(status=status, headers={"Location": path + sep + query})
+            return self._tls_required()
+        return await self.router.handle(request)
 
     def _tls_required(self) -> web.Response:
         body = f'{{"message": "TLS_REQUIRED", "https_port": {self.https_port}}}'
         headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
         return web.Response(status=403, body=body.encode(), headers=headers)
-
-    @staticmethod
-    def _peer(request: web.BaseRequest) -> str:
-        transport = request.transport
-        peer = transport.get_extra_info("peername") if transport is not None else None
-        if isinstance(peer, tuple):
-            host, port = peer[0], peer[1]
-            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return str(peer or "")
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -404,12 +220,10 @@ class NSQDHTTPServer:
         error = getattr(self.nsqd, "health_error", None)
         return f"NOK - {error}" if error else "OK"
 
-    def _topic_from_query(self, request: web.BaseRequest) -> tuple[dict[str, list[str]], Topic]:
+    def _topic_from_query(self, request: web.BaseRequest) -> tuple[ReqParams, Topic]:
         """Go's ``getTopicFromQuery``: validates the name, then gets or creates the topic."""
-        params = _query(request)
-        name = _get(params, "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        params = ReqParams(request)
+        name = params.topic()
         if not is_valid_topic_name(name):
             raise HTTPError(400, "INVALID_TOPIC")
         if self.nsqd.exiting:
@@ -418,17 +232,7 @@ class NSQDHTTPServer:
 
     def _existing_topic_and_channel_name(self, request: web.BaseRequest) -> tuple[Topic, str]:
         """Go's ``getExistingTopicFromQuery`` (with ``GetTopicChannelArgs``)."""
-        params = _query(request)
-        topic_name = _get(params, "topic")
-        if topic_name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_topic_name(topic_name):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        channel_name = _get(params, "channel")
-        if channel_name is None:
-            raise HTTPError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_channel_name(channel_name):
-            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        topic_name, channel_name = ReqParams(request).topic_channel()
         topic = self.nsqd.get_existing_topic(topic_name)
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
@@ -496,7 +300,7 @@ class NSQDHTTPServer:
             raise HTTPError(400, "MSG_EMPTY")
         params, topic = self._topic_from_query(request)
         delay = 0.0
-        defer = _get(params, "defer")
+        defer = params.get("defer")
         if defer is not None:
             if not _INT64.match(defer) or not -(1 << 63) <= int(defer) < 1 << 63:
                 raise HTTPError(400, "INVALID_DEFER")
@@ -514,7 +318,7 @@ class NSQDHTTPServer:
             raise HTTPError(413, "BODY_TOO_BIG")
         params, topic = self._topic_from_query(request)
         binary = False
-        flag = _get(params, "binary")
+        flag = params.get("binary")
         if flag is not None:
             if flag in BOOL_PARAMS:
                 binary = BOOL_PARAMS[flag]
@@ -557,16 +361,16 @@ class NSQDHTTPServer:
         return command[1]
 
     async def _stats(self, request: web.BaseRequest, _: str) -> object:
-        params = _query(request)
-        topic = _get(params, "topic") or ""
-        channel = _get(params, "channel") or ""
-        include_clients = BOOL_PARAMS.get(_get(params, "include_clients") or "", True)
-        include_mem = BOOL_PARAMS.get(_get(params, "include_mem") or "", True)
+        params = ReqParams(request)
+        topic = params.get("topic") or ""
+        channel = params.get("channel") or ""
+        include_clients = BOOL_PARAMS.get(params.get("include_clients") or "", True)
+        include_mem = BOOL_PARAMS.get(params.get("include_mem") or "", True)
         stats = get_stats(self.nsqd, self.server.clients, topic, channel, include_clients)
         health = self._health()
         mem = mem_stats() if include_mem else None
         start_time = self.nsqd.start_time
-        if _get(params, "format") != "json":
+        if params.get("format") != "json":
             return format_stats_text(stats, mem, health, start_time, time.time())
         reply: dict[str, object] = {
             "version": NSQ_VERSION,
@@ -583,21 +387,15 @@ class NSQDHTTPServer:
         self._topic_from_query(request)
         return None
 
-    def _topic_name(self, request: web.BaseRequest) -> str:
-        name = _get(_query(request), "topic")
-        if name is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        return name
-
     async def _topic_delete(self, request: web.BaseRequest, _: str) -> object:
         try:
-            self.nsqd.delete_topic(self._topic_name(request))
+            self.nsqd.delete_topic(ReqParams(request).topic())
         except KeyError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
         return None
 
     async def _topic_empty(self, request: web.BaseRequest, _: str) -> object:
-        name = self._topic_name(request)
+        name = ReqParams(request).topic()
         if not is_valid_topic_name(name):
             raise HTTPError(400, "INVALID_TOPIC")
         topic = self.nsqd.get_existing_topic(name)
@@ -611,7 +409,7 @@ class NSQDHTTPServer:
         return None
 
     async def _topic_pause(self, request: web.BaseRequest, _: str) -> object:
-        topic = self.nsqd.get_existing_topic(self._topic_name(request))
+        topic = self.nsqd.get_existing_topic(ReqParams(request).topic())
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         if "unpause" in request.path:
@@ -697,7 +495,7 @@ class NSQDHTTPServer:
         """The next ``n`` (default 1, at most 1000) messages of the channel's memory queue,
         oldest first, without taking them; messages spilled to disk are not shown."""
         channel = self._existing_channel(request)
-        n_text = _get(_query(request), "n") or "1"
+        n_text = ReqParams(request).get("n") or "1"
         if not n_text.isdigit() or not 1 <= int(n_text) <= 1000:
             raise HTTPError(400, "INVALID_ARG_N")
         queued = channel.peek(int(n_text))
@@ -769,9 +567,9 @@ class NSQDHTTPServer:
         return text_response(200, "\n".join(lines) + "\n")
 
     async def _pprof_heap(self, request: web.BaseRequest, _: str) -> web.Response:
-        params = _query(request)
-        top_text = _get(params, "top") or "30"
-        group = _get(params, "group") or "lineno"
+        params = ReqParams(request)
+        top_text = params.get("top") or "30"
+        group = params.get("group") or "lineno"
         if not top_text.isdigit() or group not in ("lineno", "filename", "traceback"):
             raise HTTPError(400, "INVALID_ARG")
         out = io.StringIO()
@@ -804,7 +602,7 @@ class NSQDHTTPServer:
                 f"other: {sum(s.size for s in rest)} bytes in {sum(s.count for s in rest)} blocks\n"
             )
         out.write(f"total: {sum(s.size for s in statistics)} bytes\n")
-        if BOOL_PARAMS.get(_get(params, "stop") or "", False):
+        if BOOL_PARAMS.get(params.get("stop") or "", False):
             tracemalloc.stop()
             out.write("tracemalloc stopped\n")
         return text_response(200, out.getvalue())
@@ -813,10 +611,10 @@ class NSQDHTTPServer:
         import cProfile
         import pstats
 
-        params = _query(request)
-        seconds_text = _get(params, "seconds") or "30"
-        top_text = _get(params, "top") or "60"
-        sort = _get(params, "sort") or "tottime"
+        params = ReqParams(request)
+        seconds_text = params.get("seconds") or "30"
+        top_text = params.get("top") or "60"
+        sort = params.get("sort") or "tottime"
         if (
             not seconds_text.isdigit()
             or not top_text.isdigit()
@@ -844,7 +642,7 @@ class NSQDHTTPServer:
         return text_response(200, "\x00".join(sys.argv))
 
     async def _set_block_rate(self, request: web.BaseRequest, _: str) -> web.Response:
-        rate = _get(_query(request), "rate") or ""
+        rate = ReqParams(request).get("rate") or ""
         if not _INT64.match(rate):
             raise HTTPError(
                 400, f"invalid block rate : strconv.Atoi: parsing {go_quote(rate)}: invalid syntax"

@@ -28,12 +28,12 @@ Exceptions::
 from __future__ import annotations
 
 import json
-import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from nsqpy.common.gojson import encode_json
 from nsqpy.wire.names import is_valid_channel_name, is_valid_topic_name
 
 __all__ = [
@@ -427,31 +427,6 @@ def encode_identify_response(
         "version": version,
     }
     return encode_response(encode_json(data))
-
-
-_HTML_CHARS = re.compile("[<>&\u2028\u2029]")
-_HTML_ESCAPES: Final = {
-    "<": "\\u003c",
-    ">": "\\u003e",
-    "&": "\\u0026",
-    "\u2028": "\\u2028",
-    "\u2029": "\\u2029",
-}
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def encode_json(value: Any, *, sort_keys: bool = False) -> bytes:
-    """Go's ``json.Marshal`` for strings, integers, booleans, lists and dicts.
-
-    Compact, ``<``/``>``/``&`` and U+2028/U+2029 escaped, invalid UTF-8 (kept as
-    lone surrogates) written as U+FFFD. ``sort_keys`` for values Go holds in maps.
-    """
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
-    if _LONE_SURROGATE.search(text):
-        text = _LONE_SURROGATE.sub("\ufffd", text)
-    if _HTML_CHARS.search(text):
-        text = _HTML_CHARS.sub(lambda m: _HTML_ESCAPES[m.group(0)], text)
-    return text.encode("utf-8")
 
 
 # -- commands (nsqd → nsqlookupd) ------------------------------------------------------------

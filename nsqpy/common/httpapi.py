@@ -1,0 +1,292 @@
+"""The HTTP plumbing nsqd and nsqlookupd share: NSQ's ``internal/http_api`` and its router.
+
+Routing is NSQ's (``julienschmidt/httprouter``): method-strict, ``404
+{"message":"NOT_FOUND"}`` for an unknown path, ``405 {"message":"METHOD_NOT_ALLOWED"}``
+with an ``Allow`` header for a known path and another method, automatic ``OPTIONS``
+replies, and a redirect for a path that only differs by a trailing slash. Replies
+follow ``http_api.RespondV1``: ``X-NSQ-Content-Type: nsq; version=1.0`` on every V1
+reply, strings written raw, anything else as JSON, errors as ``{"message": <TEXT>}``.
+Parameters come from the query string only, parsed like Go's ``url.ParseQuery``.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp import web
+
+from nsqpy.common.goflags import format_duration_ns
+from nsqpy.common.gojson import encode_json
+from nsqpy.common.log import Logger
+from nsqpy.common.net import format_address
+from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
+
+__all__ = [
+    "JSON_CONTENT_TYPE",
+    "TEXT_CONTENT_TYPE",
+    "V1_HEADER",
+    "HTTPError",
+    "Handler",
+    "QueryError",
+    "ReqParams",
+    "Route",
+    "Router",
+    "parse_query",
+    "server_runner",
+    "text_response",
+    "v1_error",
+    "v1_response",
+]
+
+V1_HEADER: Final = ("X-NSQ-Content-Type", "nsq; version=1.0")
+JSON_CONTENT_TYPE: Final = "application/json; charset=utf-8"
+TEXT_CONTENT_TYPE: Final = "text/plain; charset=utf-8"
+
+
+class HTTPError(Exception):
+    """``http_api.Err``: the reply's status and its ``message`` text."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+# -- the query string -----------------------------------------------------------------------
+
+
+class QueryError(ValueError):
+    """The query string is not valid for Go's ``url.ParseQuery``."""
+
+
+def _unescape(text: str) -> str:
+    # url.QueryUnescape: '+' is a space, '%' must be followed by two hex digits.
+    if "%" not in text and "+" not in text:
+        return text
+    out = bytearray()
+    raw = text.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(raw):
+        b = raw[i]
+        if b == 0x25:  # '%'
+            pair = raw[i + 1 : i + 3]
+            if len(pair) < 2 or not all(c in b"0123456789abcdefABCDEF" for c in pair):
+                raise QueryError(f"invalid URL escape {go_quote(raw[i : i + 3].decode('latin-1'))}")
+            out.append(int(pair, 16))
+            i += 3
+            continue
+        out.append(0x20 if b == 0x2B else b)
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def parse_query(raw_query: str) -> dict[str, list[str]]:
+    """Go's ``url.ParseQuery``: keys in order, every value kept; raises QueryError."""
+    values: dict[str, list[str]] = {}
+    error: QueryError | None = None
+    for part in raw_query.split("&"):
+        if ";" in part:
+            error = error or QueryError("invalid semicolon separator in query")
+            continue
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            values.setdefault(_unescape(key), []).append(_unescape(value))
+        except QueryError as err:
+            error = error or err
+    if error is not None:
+        raise error
+    return values
+
+
+class ReqParams:
+    """``http_api.ReqParams``: the query string's values (the body is never read).
+
+    An unparsable query string is a 400 ``INVALID_REQUEST``.
+    """
+
+    def __init__(self, request: web.BaseRequest) -> None:
+        _, _, raw_query = request.raw_path.partition("?")
+        try:
+            self.values = parse_query(raw_query)
+        except QueryError:
+            raise HTTPError(400, "INVALID_REQUEST") from None
+
+    def get(self, key: str) -> str | None:
+        """The first value of ``key``, or None when the key is absent."""
+        values = self.values.get(key)
+        return values[0] if values else None
+
+    def topic(self) -> str:
+        """``topic``, unchecked; 400 MISSING_ARG_TOPIC when absent."""
+        topic = self.get("topic")
+        if topic is None:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        return topic
+
+    def topic_channel(self) -> tuple[str, str]:
+        """``http_api.GetTopicChannelArgs``: both names, checked in Go's order."""
+        topic = self.topic()
+        if not is_valid_topic_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        channel = self.get("channel")
+        if channel is None:
+            raise HTTPError(400, "MISSING_ARG_CHANNEL")
+        if not is_valid_channel_name(channel):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+
+# -- replies --------------------------------------------------------------------------------
+
+
+def v1_response(data: object, status: int = 200, *, sort_keys: bool = False) -> web.Response:
+    """``http_api.RespondV1``: str/bytes raw, None empty, anything else JSON.
+
+    ``sort_keys`` for data Go holds in maps all the way down (json.Marshal sorts
+    the keys of maps at every level, structs keep their field order).
+    """
+    headers = {V1_HEADER[0]: V1_HEADER[1]}
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if isinstance(data, bytes):
+        if data:
+            headers["Content-Type"] = TEXT_CONTENT_TYPE  # what Go's content sniffing says
+        return web.Response(status=status, body=data, headers=headers)
+    if data is None:
+        return web.Response(status=status, body=b"", headers=headers)
+    headers["Content-Type"] = JSON_CONTENT_TYPE
+    return web.Response(status=status, body=encode_json(data, sort_keys=sort_keys), headers=headers)
+
+
+def v1_error(status: int, text: str) -> web.Response:
+    """``http_api.RespondV1`` for an error: ``{"message": text}``."""
+    headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
+    return web.Response(status=status, body=encode_json({"message": text}), headers=headers)
+
+
+def text_response(status: int, text: str, content_type: str = TEXT_CONTENT_TYPE) -> web.Response:
+    """A plain reply (Go's ``PlainText`` decorator): no NSQ header."""
+    return web.Response(
+        status=status,
+        body=text.encode("utf-8", "surrogateescape"),
+        headers={"Content-Type": content_type},
+    )
+
+
+# -- routing --------------------------------------------------------------------------------
+
+Handler = Callable[[web.BaseRequest, str], Awaitable[object]]
+"""A route's handler: the request and the path's ``:name`` parameter ("" if none)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """One method of one path. ``v1`` handlers return data or raise HTTPError; the
+    others return their own response. ``log`` is Go's ``http_api.Log`` decorator."""
+
+    handler: Handler
+    v1: bool = True
+    log: bool = True
+
+
+class Router:
+    """httprouter's routing table and NSQ's decorators around every handler.
+
+    A path may end in one ``:name`` segment (``/config/:opt``), which matches any
+    non-empty segment and is passed to the handler.
+    """
+
+    def __init__(self, logger: Logger) -> None:
+        self.logger = logger
+        self.routes: dict[str, dict[str, Route]] = {}  # path -> method -> route
+        self._prefixes: dict[str, str] = {}  # "/config/" -> "/config/:opt"
+
+    def add(
+        self, method: str, path: str, handler: Handler, *, v1: bool = True, log: bool = True
+    ) -> None:
+        """Serve ``method path`` with ``handler`` (see :class:`Route`)."""
+        self.routes.setdefault(path, {})[method] = Route(handler, v1=v1, log=log)
+        prefix, _, last = path.rpartition("/")
+        if last.startswith(":"):
+            self._prefixes[prefix + "/"] = path
+
+    def match(self, path: str) -> tuple[dict[str, Route] | None, str]:
+        """The methods served at ``path`` and its ``:name`` parameter, if any."""
+        methods = self.routes.get(path)
+        if methods is not None:
+            return methods, ""
+        for prefix, pattern in self._prefixes.items():
+            if path.startswith(prefix):
+                param = path[len(prefix) :]
+                if param and "/" not in param:
+                    return self.routes[pattern], param
+        return None, ""
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Route ``request``, logging it as ``http_api.Log`` does when the route says so."""
+        started = time.perf_counter_ns()
+        response, logged = await self.dispatch(request)
+        if logged:
+            elapsed = format_duration_ns(time.perf_counter_ns() - started)
+            transport = request.transport
+            peer = transport.get_extra_info("peername") if transport is not None else None
+            self.logger.info(
+                f"{response.status} {request.method} {request.raw_path} "
+                f"({format_address(peer or '')}) {elapsed}"
+            )
+        return response
+
+    async def dispatch(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
+        """The response to ``request`` and whether to log it."""
+        path = request.path
+        methods, param = self.match(path)
+        if methods is None:
+            alternative = path[:-1] if path.endswith("/") else path + "/"
+            if len(path) > 1 and self.match(alternative)[0] is not None:
+                return _redirect(request, alternative), False
+            return v1_error(404, "NOT_FOUND"), True
+        route = methods.get(request.method)
+        if route is None:
+            allow = ", ".join(sorted({*methods, "OPTIONS"}))
+            if request.method == "OPTIONS":
+                return web.Response(status=200, headers={"Allow": allow}), False
+            response = v1_error(405, "METHOD_NOT_ALLOWED")
+            response.headers["Allow"] = allow
+            return response, True
+        try:
+            result = await route.handler(request, param)
+        except HTTPError as err:
+            if route.v1:
+                return v1_error(err.status, err.text), route.log
+            return text_response(err.status, err.text), route.log
+        except Exception as err:  # Go's LogPanicHandler
+            self.logger.error(f"panic in HTTP handler - {err!r}\n{traceback.format_exc()}")
+            return v1_error(500, "INTERNAL_ERROR"), True
+        if isinstance(result, web.StreamResponse):
+            return result, route.log
+        return v1_response(result), route.log
+
+
+def _redirect(request: web.BaseRequest, path: str) -> web.Response:
+    # httprouter's RedirectTrailingSlash: 301 for GET, 308 for the other methods
+    _, sep, query = request.raw_path.partition("?")
+    status = 301 if request.method == "GET" else 308
+    return web.Response(status=status, headers={"Location": path + sep + query})
+
+
+async def server_runner(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+) -> web.ServerRunner:
+    """aiohttp's low-level server for ``handler``, set up: no access log, no signal
+    handling (the app owns SIGINT/SIGTERM), a second to close the connections."""
+    runner = web.ServerRunner(
+        web.Server(handler, access_log=None), handle_signals=False, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    return runner
