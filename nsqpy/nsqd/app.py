@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import signal
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nsqpy.common.aio import event_loop_factory
-from nsqpy.common.goflags import GoFlagsError, OptionsError, exit_on_error, version_string
-from nsqpy.common.log import Level, Logger
+from nsqpy.common.aio import stop_on_signals
+from nsqpy.common.app import run_server
+from nsqpy.common.log import Logger
 from nsqpy.nsqd.metadata import MetadataError
 from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.server import NSQDServer
@@ -30,11 +27,7 @@ def tune_gc() -> None:
 async def serve(
     opts: Options, logger: Logger, ready: Callable[[NSQDServer], Any] | None = None
 ) -> int:
-    # Signals are handled from the very start: a SIGTERM during start-up still exits gracefully.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()  # first: a SIGTERM during start-up still exits gracefully
     server = NSQDServer(opts, logger)
     try:
         server.dir_lock.lock()
@@ -65,24 +58,8 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        result = parse_nsqd_args(args)
-    except GoFlagsError as err:
-        exit_on_error(err)
-    if result.version:
-        print(version_string("nsqd"))
-        sys.exit(0)
-    opts = result.options
-    logger = Logger(opts.log_prefix, Level(int(opts.log_level)))
-    try:
-        validate(opts)
-    except OptionsError as err:
-        logger.fatal(f"failed to instantiate nsqd - {err}")
-        sys.exit(1)
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        code = runner.run(serve(opts, logger))
-    sys.exit(code)
+    """Entry point of the ``nsqd`` console script."""
+    run_server("nsqd", argv, parse_nsqd_args, validate, serve)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""What every nsqpy command does around its own work, as Go's ``apps/<binary>/main.go``.
+
+A server's ``main`` is :func:`run_server`: parse the flags (and ``--config`` file),
+answer ``--version``, make the logger, validate, then run the server's ``serve``
+coroutine on :func:`~nsqpy.common.aio.event_loop_factory`'s loop and exit with its
+status. ``serve`` calls :func:`~nsqpy.common.aio.stop_on_signals` before it starts
+anything, and waits on the event it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+
+from nsqpy.common.aio import event_loop_factory
+from nsqpy.common.goflags import (
+    GoFlagsError,
+    OptionsError,
+    ParseResult,
+    exit_on_error,
+    version_string,
+)
+from nsqpy.common.log import Level, Logger, LogLevel
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    class _ServerOptions(DataclassInstance, Protocol):
+        """What :func:`run_server` reads of a server's options."""
+
+        log_prefix: str
+        log_level: LogLevel
+
+
+__all__ = ["parse_or_exit", "run_server"]
+
+D = TypeVar("D", bound="DataclassInstance")
+S = TypeVar("S", bound="_ServerOptions")
+
+
+def parse_or_exit(
+    parse: Callable[[list[str]], ParseResult[D]], argv: Sequence[str] | None, prog: str
+) -> ParseResult[D]:
+    """Go's ``flag.Parse`` of ``argv`` (default ``sys.argv[1:]``) with ``parse``: a bad
+    flag or ``--help`` is reported and exits, ``--version`` is printed and exits 0."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = parse(args)
+    except GoFlagsError as err:
+        exit_on_error(err)
+    if result.version:
+        print(version_string(prog))
+        sys.exit(0)
+    return result
+
+
+def run_server(
+    name: str,
+    argv: Sequence[str] | None,
+    parse: Callable[[list[str]], ParseResult[S]],
+    validate: Callable[[S], None],
+    serve: Callable[[S, Logger], Coroutine[Any, Any, int]],
+) -> NoReturn:
+    """The ``main`` of the server ``name``: exits with ``serve``'s status.
+
+    An :class:`OptionsError` from ``validate`` is logged as Go's
+    ``failed to instantiate <name> - <err>`` and exits 1.
+    """
+    opts = parse_or_exit(parse, argv, name).options
+    logger = Logger(opts.log_prefix, Level(int(opts.log_level)))
+    try:
+        validate(opts)
+    except OptionsError as err:
+        logger.fatal(f"failed to instantiate {name} - {err}")
+        sys.exit(1)
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        code = runner.run(serve(opts, logger))
+    sys.exit(code)
