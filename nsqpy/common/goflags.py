@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, overload
 
 import nsqpy
 from nsqpy.common.log import LogLevel
+from nsqpy.wire.names import go_quote
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -138,37 +139,6 @@ def version_string(app_name: str) -> str:
 
 
 # --------------------------------------------------------------------------- Go scalars
-
-
-_GO_ESCAPES = {
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-}
-
-
-def go_quote(text: str) -> str:
-    """Go's ``strconv.Quote`` (the ``%q`` verb) for the characters that matter here."""
-    out = ['"']
-    for ch in text:
-        if ch in ('"', "\\"):
-            out.append("\\" + ch)
-        elif ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        elif ord(ch) < 0x10000:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    out.append('"')
-    return "".join(out)
 
 
 def parse_go_bool(text: str) -> bool:

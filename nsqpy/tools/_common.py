@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -12,30 +11,31 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import nsqpy
+from nsqpy.client import Consumer, NSQClientError
 from nsqpy.client._config import (
     ConnectionOptions,
     ProducerOptions,
     apply_go_option,
     tls_context_from_go,
 )
-from nsqpy.common.goflags import (
-    GoFlagsError,
-    Kind,
-    ParseResult,
-    exit_on_error,
-    flag,
-    parse_args,
-    version_string,
-)
+from nsqpy.client._lookup import http_get_json
+from nsqpy.common.aio import event_loop_factory, on_signals
+from nsqpy.common.app import parse_or_exit
+from nsqpy.common.goflags import Kind, ParseResult, flag, parse_args
 
 if TYPE_CHECKING:
+    import aiohttp
     from _typeshed import DataclassInstance
 
 __all__ = [
     "ConsumerFlags",
+    "HTTPClientFlags",
+    "HostPoolFlags",
     "StatusTimer",
+    "consume_until_stopped",
     "consumer_options",
     "fatal",
+    "get_json_from_each",
     "go_log",
     "on_signals",
     "parse_tool_args",
@@ -43,6 +43,7 @@ __all__ = [
     "require_one_source",
     "run",
     "setup_client_logging",
+    "status_timers",
     "user_agent",
 ]
 
@@ -76,18 +77,97 @@ class ConsumerFlags:
         "max-in-flight", 200, kind=Kind.INT, help="max number of messages to allow in flight"
     )
 
+    def new_consumer(
+        self, topic: str, channel: str, options: dict[str, Any], **handler: Any
+    ) -> Consumer:
+        """A Consumer on these flags' addresses with ``options`` (see
+        :func:`consumer_options`) and ``handler`` arguments; a bad value is fatal."""
+        try:
+            return Consumer(
+                topic,
+                channel,
+                nsqd_tcp_addresses=self.nsqd_tcp_addresses,
+                lookupd_http_addresses=self.lookupd_http_addresses,
+                **handler,
+                **options,
+            )
+        except (ValueError, TypeError) as err:
+            fatal(str(err))
+
+
+@dataclass
+class HTTPClientFlags:
+    """The HTTP client timeouts of the tools that call nsqd's or nsqlookupd's HTTP API."""
+
+    http_connect_timeout: float = flag(
+        "http-client-connect-timeout", 2.0, kind=Kind.DURATION, help="timeout for HTTP connect"
+    )
+    http_request_timeout: float = flag(
+        "http-client-request-timeout", 5.0, kind=Kind.DURATION, help="timeout for HTTP request"
+    )
+
+    def check_http_timeouts(self) -> None:
+        """Both timeouts positive, or exit with the Go tools' messages."""
+        if self.http_connect_timeout <= 0:
+            fatal("--http-client-connect-timeout should be positive")
+        if self.http_request_timeout <= 0:
+            fatal("--http-client-request-timeout should be positive")
+
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        """The timeouts for an ``aiohttp.ClientSession``."""
+        import aiohttp  # slow to import: only the tools that use it pay
+
+        return aiohttp.ClientTimeout(
+            total=self.http_request_timeout, sock_connect=self.http_connect_timeout
+        )
+
+
+@dataclass
+class HostPoolFlags:
+    """``--mode`` of the tools that spread their requests over destinations."""
+
+    mode: str = flag(
+        "mode",
+        "hostpool",
+        kind=Kind.STRING,
+        help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy",
+    )
+
+    def check_mode(self) -> None:
+        """Exit unless ``--mode`` is one the Go tools know."""
+        if self.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
+            fatal(f"invalid --mode {self.mode!r}")
+
 
 def parse_tool_args(cls: type[D], argv: Sequence[str] | None, prog: str) -> ParseResult[D]:
     """Go ``flag.Parse`` for a tool: exits on a bad flag, prints ``--version`` and exits."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        result = parse_args(cls, args, prog=prog, config_flag=False)
-    except GoFlagsError as err:
-        exit_on_error(err)
-    if result.version:
-        print(version_string(prog))
-        sys.exit(0)
-    return result
+    return parse_or_exit(
+        lambda args: parse_args(cls, args, prog=prog, config_flag=False), argv, prog
+    )
+
+
+async def get_json_from_each(
+    session: aiohttp.ClientSession,
+    addresses: Sequence[str],
+    url: Callable[[str], str],
+    *,
+    not_found_ok: bool = False,
+) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """GET ``url(address)`` of every address at once (clusterinfo's fan-out): the
+    ``(address, JSON document)`` answers (a 404 with ``not_found_ok`` as ``{}``) and
+    the failures as ``"<address>: <error>"``."""
+    results = await asyncio.gather(
+        *(http_get_json(session, url(a), not_found_ok=not_found_ok) for a in addresses),
+        return_exceptions=True,
+    )
+    answers: list[tuple[str, dict[str, Any]]] = []
+    errors: list[str] = []
+    for address, result in zip(addresses, results, strict=True):
+        if isinstance(result, BaseException):
+            errors.append(f"{address}: {result}")
+        else:
+            answers.append((address, result or {}))
+    return answers, errors
 
 
 def go_log(msg: str) -> None:
@@ -189,13 +269,7 @@ def setup_client_logging(level: int = logging.INFO) -> None:
 def run(main: Callable[[], Coroutine[Any, Any, int | None]]) -> NoReturn:
     """Run the tool's coroutine on uvloop (where installed) and exit with its status."""
     try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover
-        factory = asyncio.new_event_loop
-    try:
-        with asyncio.Runner(loop_factory=factory) as runner:
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             code = runner.run(main())
     except KeyboardInterrupt:
         code = 1
@@ -206,13 +280,17 @@ def run(main: Callable[[], Coroutine[Any, Any, int | None]]) -> NoReturn:
     sys.exit(code or 0)
 
 
-def on_signals(
-    handler: Callable[[], object], signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)
-) -> None:
-    """Call ``handler`` on the running loop when one of ``signals`` arrives."""
-    loop = asyncio.get_running_loop()
-    for sig in signals:
-        loop.add_signal_handler(sig, handler)
+async def consume_until_stopped(consumers: Sequence[Consumer], stop: asyncio.Event) -> None:
+    """Start the consumers (a failure is fatal), run until ``stop`` is set or SIGINT or
+    SIGTERM arrives, then close them."""
+    on_signals(stop.set)
+    try:
+        for consumer in consumers:
+            await consumer.start()
+    except NSQClientError as err:
+        fatal(str(err))
+    await stop.wait()
+    await asyncio.gather(*(c.close() for c in consumers))
 
 
 class StatusTimer:
@@ -246,3 +324,14 @@ class StatusTimer:
                 f"95th: {p95 * 1000:.02f}ms - avg: {avg * 1000:.02f}ms"
             )
             self._timings.clear()
+
+
+def status_timers(
+    addresses: Sequence[str], status_every: int
+) -> tuple[dict[str, StatusTimer], StatusTimer]:
+    """One timer per destination (silent when there is only one) and the aggregate."""
+    if len(addresses) == 1:
+        timers = {addresses[0]: StatusTimer(0, "")}
+    else:
+        timers = {a: StatusTimer(status_every, f"[{a}]:") for a in addresses}
+    return timers, StatusTimer(status_every, "[aggregate]:")

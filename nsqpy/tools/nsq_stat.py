@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from nsqpy.client import NSQLookupdError
-from nsqpy.client._lookup import http_get_json, lookup_url
+from nsqpy.client._lookup import lookup_url
 from nsqpy.common.goflags import Kind, flag
-from nsqpy.tools._common import fatal, go_log, on_signals, parse_tool_args, run
+from nsqpy.tools._common import (
+    HTTPClientFlags,
+    fatal,
+    get_json_from_each,
+    go_log,
+    on_signals,
+    parse_tool_args,
+    run,
+)
 
 if TYPE_CHECKING:
     import aiohttp  # imported when first used: it is slow to import
@@ -40,7 +48,7 @@ HEADER = "%7s %7s | %7s %7s %7s %5s %5s | %7s %7s %12s %7s" % (  # noqa: UP031 -
 
 
 @dataclass
-class Options:
+class Options(HTTPClientFlags):
     """nsq_stat's flags (apps/nsq_stat)."""
 
     topic: str = flag("topic", "", kind=Kind.STRING, help="NSQ topic")
@@ -53,12 +61,6 @@ class Options:
         0.0,
         kind=Kind.DURATION,
         help="(deprecated) duration of time between polling/printing output",
-    )
-    http_connect_timeout: float = flag(
-        "http-client-connect-timeout", 2.0, kind=Kind.DURATION, help="timeout for HTTP connect"
-    )
-    http_request_timeout: float = flag(
-        "http-client-request-timeout", 5.0, kind=Kind.DURATION, help="timeout for HTTP request"
     )
     count: int = flag("count", 0, kind=Kind.INT, help="number of reports")
     nsqd_http_addresses: list[str] = flag(
@@ -140,17 +142,12 @@ async def lookupd_producers(
 ) -> list[str]:
     """nsqd HTTP addresses producing ``topic``, from every lookupd (clusterinfo's
     GetLookupdTopicProducers); any failure is an error, as nsq_stat treats it."""
-    results = await asyncio.gather(
-        *(http_get_json(session, lookup_url(a, topic), not_found_ok=True) for a in lookupds),
-        return_exceptions=True,
+    answers, errors = await get_json_from_each(
+        session, lookupds, lambda a: lookup_url(a, topic), not_found_ok=True
     )
     found: dict[str, None] = {}
-    errors = []
-    for address, result in zip(lookupds, results, strict=True):
-        if isinstance(result, BaseException):
-            errors.append(f"{address}: {result}")
-            continue
-        for peer in (result or {}).get("producers") or []:
+    for _, doc in answers:
+        for peer in doc.get("producers") or []:
             found[_http_address(str(peer["broadcast_address"]), int(peer["http_port"]))] = None
     if errors:
         raise NSQLookupdError("; ".join(errors))
@@ -161,16 +158,10 @@ async def nsqd_producers(
     session: aiohttp.ClientSession, nsqds: Sequence[str], topic: str
 ) -> list[str]:
     """The given nsqd that have ``topic`` (clusterinfo's GetNSQDTopicProducers)."""
-    results = await asyncio.gather(
-        *(http_get_json(session, _stats_url(a, topic)) for a in nsqds), return_exceptions=True
-    )
+    answers, errors = await get_json_from_each(session, nsqds, lambda a: _stats_url(a, topic))
     found = []
-    errors = []
-    for address, result in zip(nsqds, results, strict=True):
-        if isinstance(result, BaseException):
-            errors.append(f"{address}: {result}")
-            continue
-        if any(t.get("topic_name") == topic for t in (result or {}).get("topics") or []):
+    for address, doc in answers:
+        if any(t.get("topic_name") == topic for t in doc.get("topics") or []):
             found.append(address)
     if errors:
         raise NSQLookupdError("; ".join(errors))
@@ -181,17 +172,10 @@ async def channel_totals(
     session: aiohttp.ClientSession, producers: Sequence[str], topic: str, channel: str
 ) -> ChannelTotals | None:
     """``channel`` of ``topic`` summed over ``producers``; None if no producer has it."""
-    results = await asyncio.gather(
-        *(http_get_json(session, _stats_url(a, topic)) for a in producers),
-        return_exceptions=True,
-    )
+    answers, errors = await get_json_from_each(session, producers, lambda a: _stats_url(a, topic))
     totals: ChannelTotals | None = None
-    errors = []
-    for address, result in zip(producers, results, strict=True):
-        if isinstance(result, BaseException):
-            errors.append(f"{address}: {result}")
-            continue
-        for t in (result or {}).get("topics") or []:
+    for _, doc in answers:
+        for t in doc.get("topics") or []:
             if t.get("topic_name") != topic:
                 continue
             for ch in t.get("channels") or []:
@@ -245,10 +229,7 @@ async def stat(opts: Options, count_set: bool, status_every_set: bool) -> int:
         interval = opts.status_every
     if interval <= 0:
         fatal("--interval should be positive")
-    if opts.http_connect_timeout <= 0:
-        fatal("--http-client-connect-timeout should be positive")
-    if opts.http_request_timeout <= 0:
-        fatal("--http-client-request-timeout should be positive")
+    opts.check_http_timeouts()
     if count_set and opts.count <= 0:
         fatal("--count should be positive")
     nsqds, lookupds = opts.nsqd_http_addresses, opts.lookupd_http_addresses
@@ -265,11 +246,8 @@ async def stat(opts: Options, count_set: bool, status_every_set: bool) -> int:
     on_signals(stop.set, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(
-        total=opts.http_request_timeout, sock_connect=opts.http_connect_timeout
-    )
     screen = _Screen()
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=opts.client_timeout()) as session:
         previous: ChannelTotals | None = None
         i = 0
         # Go's loop: `for i := 0; !countNum.isSet || countNum.value >= i; i++` -- the

@@ -10,14 +10,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from nsqpy.client import Consumer, Message, NSQClientError
+from nsqpy.client import Message
 from nsqpy.common.goflags import Kind, flag
 from nsqpy.tools._common import (
     ConsumerFlags,
+    consume_until_stopped,
     consumer_options,
     fatal,
     go_log,
-    on_signals,
     parse_tool_args,
     require_one_source,
     run,
@@ -106,26 +106,8 @@ async def tail(opts: Options) -> int:
         handler = TailHandler(
             topic, opts.total_messages, opts.print_topic, sys.stdout.buffer, stop.set
         )
-        try:
-            consumer = Consumer(
-                topic,
-                channel,
-                batch_handler=handler,
-                nsqd_tcp_addresses=opts.nsqd_tcp_addresses,
-                lookupd_http_addresses=opts.lookupd_http_addresses,
-                **options,
-            )
-        except (ValueError, TypeError) as err:
-            fatal(str(err))
-        consumers.append(consumer)
-    on_signals(stop.set)
-    try:
-        for consumer in consumers:
-            await consumer.start()
-    except NSQClientError as err:
-        fatal(str(err))
-    await stop.wait()
-    await asyncio.gather(*(c.close() for c in consumers))
+        consumers.append(opts.new_consumer(topic, channel, options, batch_handler=handler))
+    await consume_until_stopped(consumers, stop)
     return 0
 
 

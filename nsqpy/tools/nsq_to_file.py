@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from nsqpy.client import Consumer, Message, NSQClientError, NSQLookupdError
-from nsqpy.client._lookup import http_get_json
 from nsqpy.common.goflags import Kind, flag, format_duration
 from nsqpy.common.log import Logger, LogLevel
 from nsqpy.tools._common import (
     ConsumerFlags,
+    HTTPClientFlags,
     consumer_options,
     fatal,
+    get_json_from_each,
     on_signals,
     parse_tool_args,
     require_one_source,
@@ -42,7 +43,7 @@ __all__ = ["FileLogger", "Options", "compute_filename_format", "go_strftime", "m
 
 
 @dataclass
-class Options(ConsumerFlags):
+class Options(ConsumerFlags, HTTPClientFlags):
     """nsq_to_file's flags (apps/nsq_to_file/options.go)."""
 
     topics: list[str] = flag(
@@ -61,12 +62,6 @@ class Options(ConsumerFlags):
         help="how frequently the topic list should be refreshed",
     )
     channel: str = flag("channel", "nsq_to_file", kind=Kind.STRING, help="nsq channel")
-    http_connect_timeout: float = flag(
-        "http-client-connect-timeout", 2.0, kind=Kind.DURATION, help="timeout for HTTP connect"
-    )
-    http_request_timeout: float = flag(
-        "http-client-request-timeout", 5.0, kind=Kind.DURATION, help="timeout for HTTP request"
-    )
     log_prefix: str = flag(
         "log-prefix", "[nsq_to_file] ", kind=Kind.STRING, help="log message prefix"
     )
@@ -483,16 +478,10 @@ class _LogBridge(logging.Handler):
 
 async def lookupd_topics(session: aiohttp.ClientSession, lookupds: Sequence[str]) -> list[str]:
     """Every topic the lookupds know (clusterinfo's GetLookupdTopics)."""
-    results = await asyncio.gather(
-        *(http_get_json(session, _topics_url(a)) for a in lookupds), return_exceptions=True
-    )
+    answers, errors = await get_json_from_each(session, lookupds, _topics_url)
     topics: set[str] = set()
-    errors = []
-    for address, result in zip(lookupds, results, strict=True):
-        if isinstance(result, BaseException):
-            errors.append(f"{address}: {result}")
-        else:
-            topics.update((result or {}).get("topics") or [])
+    for _, doc in answers:
+        topics.update(doc.get("topics") or [])
     if errors and len(errors) == len(lookupds):
         raise NSQLookupdError("; ".join(errors))
     return sorted(topics)
@@ -541,10 +530,7 @@ class TopicDiscoverer:
         await self.update_topics(opts.topics)
         import aiohttp
 
-        timeout = aiohttp.ClientTimeout(
-            total=opts.http_request_timeout, sock_connect=opts.http_connect_timeout
-        )
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=opts.client_timeout()) as session:
             while not stop.is_set():
                 try:
                     await asyncio.wait_for(stop.wait(), opts.topic_refresh)
@@ -569,10 +555,7 @@ async def archive(opts: Options) -> int:
     logger = Logger(opts.log_prefix, opts.log_level)
     if not opts.channel:
         fatal("--channel is required")
-    if opts.http_connect_timeout <= 0:
-        fatal("--http-client-connect-timeout should be positive")
-    if opts.http_request_timeout <= 0:
-        fatal("--http-client-request-timeout should be positive")
+    opts.check_http_timeouts()
     require_one_source(opts.nsqd_tcp_addresses, opts.lookupd_http_addresses, suffix=".")
     if not 1 <= opts.gzip_level <= 9:
         fatal(f"invalid --gzip-level value ({opts.gzip_level}), should be 1-9")

@@ -13,18 +13,20 @@ from urllib.parse import quote_plus
 from yarl import URL
 
 import nsqpy
-from nsqpy.client import Consumer, Message, NSQClientError
+from nsqpy.client import Message
 from nsqpy.common.goflags import Kind, flag
 from nsqpy.tools._common import (
     ConsumerFlags,
-    StatusTimer,
+    HostPoolFlags,
+    HTTPClientFlags,
+    consume_until_stopped,
     consumer_options,
     fatal,
-    on_signals,
     parse_tool_args,
     require_one_source,
     run,
     setup_client_logging,
+    status_timers,
 )
 from nsqpy.tools._hostpool import HostPool
 
@@ -37,25 +39,16 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 
 @dataclass
-class Options(ConsumerFlags):
+class Options(ConsumerFlags, HTTPClientFlags, HostPoolFlags):
     """nsq_to_http's flags (apps/nsq_to_http)."""
 
     topic: str = flag("topic", "", kind=Kind.STRING, help="nsq topic")
     channel: str = flag("channel", "nsq_to_http", kind=Kind.STRING, help="nsq channel")
     num_publishers: int = flag("n", 100, kind=Kind.INT, help="number of concurrent publishers")
-    mode: str = flag(
-        "mode",
-        "hostpool",
-        kind=Kind.STRING,
-        help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy",
-    )
     sample: float = flag(
         "sample", 1.0, kind=Kind.FLOAT, help="% of messages to publish (float b/w 0 -> 1)"
     )
-    http_connect_timeout: float = flag(
-        "http-client-connect-timeout", 2.0, kind=Kind.DURATION, help="timeout for HTTP connect"
-    )
-    http_request_timeout: float = flag(
+    http_request_timeout: float = flag(  # 20s here, 5s in the other tools
         "http-client-request-timeout", 20.0, kind=Kind.DURATION, help="timeout for HTTP request"
     )
     status_every: int = flag(
@@ -121,11 +114,7 @@ class PublishHandler:
         self.content_type = opts.content_type
         self.headers = {"User-Agent": f"nsq_to_http v{nsqpy.NSQ_VERSION}", **headers}
         self.pool = HostPool(addresses, opts.mode)
-        if len(addresses) == 1:
-            self.timers = {addresses[0]: StatusTimer(0, "")}
-        else:
-            self.timers = {a: StatusTimer(opts.status_every, f"[{a}]:") for a in addresses}
-        self.aggregate = StatusTimer(opts.status_every, "[aggregate]:")
+        self.timers, self.aggregate = status_timers(addresses, opts.status_every)
 
     async def __call__(self, msg: Message) -> None:
         if self.sample < 1.0 and random.random() > self.sample:
@@ -173,8 +162,7 @@ async def forward(opts: Options) -> int:
     for get in opts.get_addrs:
         if get.count("%s") != 1:
             fatal("invalid GET address - must be a printf string")
-    if opts.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
-        fatal(f"invalid --mode {opts.mode!r}")
+    opts.check_mode()
     if not 0.0 <= opts.sample <= 1.0:
         fatal("ERROR: --sample must be between 0.0 and 1.0")
     try:
@@ -187,33 +175,18 @@ async def forward(opts: Options) -> int:
     options = consumer_options(opts.consumer_opts, "nsq_to_http", opts.max_in_flight)
     import aiohttp
 
-    timeout = aiohttp.ClientTimeout(
-        total=opts.http_request_timeout, sock_connect=opts.http_connect_timeout
-    )
     connector = aiohttp.TCPConnector(limit=opts.num_publishers)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with aiohttp.ClientSession(timeout=opts.client_timeout(), connector=connector) as session:
         addresses = opts.post_addrs or opts.get_addrs
         handler = PublishHandler(session, opts, addresses, headers)
-        try:
-            consumer = Consumer(
-                opts.topic,
-                opts.channel,
-                handler,
-                nsqd_tcp_addresses=opts.nsqd_tcp_addresses,
-                lookupd_http_addresses=opts.lookupd_http_addresses,
-                concurrency=opts.num_publishers,
-                **options,
-            )
-        except (ValueError, TypeError) as err:
-            fatal(str(err))
-        stop = asyncio.Event()
-        on_signals(stop.set)
-        try:
-            await consumer.start()
-        except NSQClientError as err:
-            fatal(str(err))
-        await stop.wait()
-        await consumer.close()
+        consumer = opts.new_consumer(
+            opts.topic,
+            opts.channel,
+            options,
+            handler=handler,
+            concurrency=opts.num_publishers,
+        )
+        await consume_until_stopped([consumer], asyncio.Event())
     return 0
 
 

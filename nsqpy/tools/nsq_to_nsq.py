@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nsqpy.client import Consumer, Message, NSQClientError, Producer
+from nsqpy.client import Message, NSQClientError, Producer
 from nsqpy.common.goflags import Kind, flag, parse_go_float
+from nsqpy.common.gojson import encode_json
 from nsqpy.tools._common import (
     ConsumerFlags,
+    HostPoolFlags,
     StatusTimer,
+    consume_until_stopped,
     consumer_options,
     fatal,
     go_log,
-    on_signals,
     parse_tool_args,
     producer_options,
     require_one_source,
     run,
     setup_client_logging,
+    status_timers,
 )
 from nsqpy.tools._hostpool import HostPool
 from nsqpy.wire.names import is_valid_channel_name, is_valid_topic_name
@@ -32,7 +34,7 @@ __all__ = ["Options", "main"]
 
 
 @dataclass
-class Options(ConsumerFlags):
+class Options(ConsumerFlags, HostPoolFlags):
     """nsq_to_nsq's flags (apps/nsq_to_nsq)."""
 
     topics: list[str] = flag(
@@ -66,12 +68,6 @@ class Options(ConsumerFlags):
         250,
         kind=Kind.INT,
         help="the # of requests between logging status (per destination), 0 disables",
-    )
-    mode: str = flag(
-        "mode",
-        "hostpool",
-        kind=Kind.STRING,
-        help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy",
     )
     require_json_field: str = flag(
         "require-json-field",
@@ -128,27 +124,22 @@ class JSONFilter:
         return _DROP
 
     def filter(self, doc: Any, raw: bytes) -> bytes:
-        """Go's filterMessage: keep only the whitelisted fields (integral floats as ints)."""
+        """Go's filterMessage: keep only the whitelisted fields (numbers as Go writes them)."""
         if not self.whitelist:
             return raw
         if not isinstance(doc, dict):
             raise ValueError("json is not an object")
-        out: dict[str, Any] = {}
-        for key in self.whitelist:
-            if key in doc:
-                value = doc[key]
-                if isinstance(value, float) and math.isfinite(value) and value == int(value):
-                    value = int(value)
-                out[key] = value
-        return go_json(out)
+        return go_json({key: doc[key] for key in self.whitelist if key in doc})
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON for Go's decoder (nor could they be re-encoded)
+    raise ValueError(name)
 
 
 def go_json(value: Any) -> bytes:
-    """Go's ``json.Marshal``: map keys sorted, compact, UTF-8, HTML characters escaped."""
-    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(ch, esc)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
+    """Go's ``json.Marshal`` of a ``map[string]interface{}``: the keys sorted."""
+    return encode_json(value, sort_keys=True)
 
 
 class PublishHandler:
@@ -178,7 +169,7 @@ class PublishHandler:
                 bodies.append(msg.body)
                 continue
             try:
-                doc = json.loads(msg.body)
+                doc = json.loads(msg.body, parse_constant=_reject_constant)
             except ValueError:
                 go_log(f"ERROR: Unable to decode json: {msg.body.decode('utf-8', 'replace')}")
                 msg.finish()
@@ -228,8 +219,7 @@ async def relay(opts: Options) -> int:
     destinations = list(dict.fromkeys(opts.destination_nsqd_tcp_addresses))
     if not destinations:
         fatal("--destination-nsqd-tcp-address required")
-    if opts.mode not in ("round-robin", "hostpool", "epsilon-greedy"):
-        fatal(f"invalid --mode {opts.mode!r}")
+    opts.check_mode()
     setup_client_logging()
     c_options = consumer_options(opts.consumer_opts, "nsq_to_nsq", opts.max_in_flight)
     p_options = producer_options(opts.producer_opts, "nsq_to_nsq")
@@ -237,11 +227,7 @@ async def relay(opts: Options) -> int:
         producers = {a: Producer(a, **p_options) for a in destinations}
     except (ValueError, TypeError) as err:
         fatal(f"failed creating producer {err}")
-    if len(destinations) == 1:
-        timers = {destinations[0]: StatusTimer(0, "")}
-    else:
-        timers = {a: StatusTimer(opts.status_every, f"[{a}]:") for a in destinations}
-    aggregate = StatusTimer(opts.status_every, "[aggregate]:")
+    timers, aggregate = status_timers(destinations, opts.status_every)
     pool = HostPool(destinations, opts.mode)
     json_filter = JSONFilter(
         opts.require_json_field, opts.require_json_value, opts.whitelist_json_fields
@@ -251,29 +237,16 @@ async def relay(opts: Options) -> int:
         handler = PublishHandler(
             opts.destination_topic or topic, producers, pool, json_filter, timers, aggregate
         )
-        try:
-            consumers.append(
-                Consumer(
-                    topic,
-                    opts.channel,
-                    batch_handler=handler,
-                    nsqd_tcp_addresses=opts.nsqd_tcp_addresses,
-                    lookupd_http_addresses=opts.lookupd_http_addresses,
-                    concurrency=len(destinations),
-                    **c_options,
-                )
+        consumers.append(
+            opts.new_consumer(
+                topic,
+                opts.channel,
+                c_options,
+                batch_handler=handler,
+                concurrency=len(destinations),
             )
-        except (ValueError, TypeError) as err:
-            fatal(str(err))
-    stop = asyncio.Event()
-    on_signals(stop.set)
-    try:
-        for consumer in consumers:
-            await consumer.start()
-    except NSQClientError as err:
-        fatal(str(err))
-    await stop.wait()
-    await asyncio.gather(*(c.close() for c in consumers))
+        )
+    await consume_until_stopped(consumers, asyncio.Event())
     await asyncio.gather(*(p.close() for p in producers.values()))
     return 0
 
