@@ -2,7 +2,7 @@
 """Consume load generator: a Python port of NSQ's ``bench/bench_reader``.
 
 Standalone on purpose: it speaks the NSQ TCP protocol V2 itself and imports
-nothing from nsqpy (only helpers from ``bench_writer.py`` next to it), so the
+nothing from nsqpy (only helpers from ``_benchlib.py`` next to it), so the
 same tool measures a Go nsqd and ours.
 
 Each worker is its own process with one TCP connection: magic, IDENTIFY,
@@ -26,8 +26,6 @@ Output is Go's line on stderr plus one JSON line on stdout (see bench_writer).
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 import os
 import socket
 import struct
@@ -36,27 +34,23 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench_writer import (
+from _benchlib import (
     FRAME_ERROR,
     FRAME_MESSAGE,
     FRAME_RESPONSE,
     HEARTBEAT,
-    MAGIC_V2,
-    FrameReader,
     ProtocolError,
-    collect,
-    default_workers,
-    go_result_line,
-    identify_command,
+    connect,
     log,
-    parse_deadline,
-    parse_go_duration,
-    read_identify_response,
-    sleep_until_deadline,
-    split_hostport,
+    parse_args,
+    report,
+    run_workers,
 )
+
+if TYPE_CHECKING:
+    import multiprocessing as mp
 
 PROG = "bench_reader"
 RECV_SIZE = 4 * 1024 * 1024
@@ -86,32 +80,9 @@ def fin_matrix(np: Any, rows: int) -> Any:
 
 def handshake(cfg: WorkerConfig) -> tuple[socket.socket, bytes]:
     """Connect, IDENTIFY, SUB; return the socket and any bytes read past the OK."""
-    sock = socket.create_connection((cfg.host, cfg.port), timeout=5.0)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    reader = FrameReader(sock)
-    sock.sendall(
-        MAGIC_V2
-        + identify_command(
-            {
-                "client_id": "reader",
-                "hostname": "reader",
-                "user_agent": "bench_reader.py",
-                "feature_negotiation": True,
-            }
-        )
-    )
-    read_identify_response(reader)
+    sock, reader = connect(cfg.host, cfg.port, "reader")
     sock.sendall(f"SUB {cfg.topic} {cfg.channel}\n".encode())
-    while True:
-        ftype, data = reader.read_frame()
-        if ftype == FRAME_RESPONSE and data == HEARTBEAT:
-            sock.sendall(b"NOP\n")
-            continue
-        if ftype == FRAME_ERROR:
-            raise ProtocolError(data.decode(errors="replace"))
-        if ftype != FRAME_RESPONSE or data != b"OK":
-            raise ProtocolError(f"unexpected reply to SUB: {ftype} {data[:200]!r}")
-        break
+    reader.expect_ok("SUB")
     sock.settimeout(None)
     return sock, bytes(reader.buf)
 
@@ -267,96 +238,36 @@ def sub_worker(
     result_q.put(("done", idx, count, finished, cpu, chunks, slow_frames, last_msg_ns))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--runfor", default="10s", help="duration of time to run (Go duration)")
-    p.add_argument(
-        "--nsqd-tcp-address", default="127.0.0.1:4150", help="<addr>:<port> to connect to nsqd"
-    )
-    p.add_argument("--size", type=int, default=200, help="size of messages")
+def _own_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default="sub_bench", help="topic to receive messages on")
     p.add_argument("--channel", default="ch", help="channel to receive messages on")
-    p.add_argument("--deadline", default="", help='start time "YYYY-mm-dd HH:MM:SS" (UTC, like Go)')
     p.add_argument("--rdy", type=int, default=2500, help="RDY count to use")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=default_workers(),
-        help="worker processes, one connection each (default: CPUs, like GOMAXPROCS)",
-    )
-    args = p.parse_args(argv)
-    try:
-        runfor_ns = parse_go_duration(args.runfor)
-        host, port = split_hostport(args.nsqd_tcp_address)
-        deadline = parse_deadline(args.deadline) if args.deadline else None
-    except ValueError as exc:
-        p.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, args, run = parse_args(PROG, __doc__, argv, _own_args)
     if args.size < 1 or args.rdy < 1 or args.workers < 1:
         p.error("--size, --rdy and --workers must be >= 1")
-
-    cfg = WorkerConfig(host, port, args.topic, args.channel, args.size, args.rdy, runfor_ns)
-    ctx = mp.get_context("fork")
-    ready_q: mp.Queue[tuple[Any, ...]] = ctx.Queue()
-    result_q: mp.Queue[tuple[Any, ...]] = ctx.Queue()
-    go = ctx.Event()
-    start_ns = ctx.Value("q", 0, lock=False)
-    procs = [
-        ctx.Process(
-            target=sub_worker,
-            args=(i, cfg, ready_q, go, start_ns, result_q),
-            name=f"{PROG}-{i}",
-            daemon=True,
-        )
-        for i in range(args.workers)
-    ]
-    for proc in procs:
-        proc.start()
+    cfg = WorkerConfig(
+        run.host, run.port, args.topic, args.channel, args.size, args.rdy, run.runfor_ns
+    )
     try:
-        collect(ready_q, procs, "ready")
-        sleep_until_deadline(deadline, PROG)
-        start = time.monotonic_ns()
-        start_ns.value = start
-        go.set()
-        results = collect(result_q, procs, "done")
+        start, results = run_workers(PROG, sub_worker, cfg, run)
     except RuntimeError as exc:
         log(str(exc), PROG)
         return 1
-    finally:
-        for proc in procs:
-            proc.join(timeout=2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-
     ops = sum(int(r[2]) for r in results)
-    duration_ns = max(int(r[3]) for r in results) - start
-    cpu_s = sum(float(r[4]) for r in results)
     chunks = sum(int(r[5]) for r in results)
-    slow = sum(int(r[6]) for r in results)
     last_msg_ns = max(int(r[7]) for r in results)
-    log(go_result_line(ops, args.size, duration_ns), PROG)
-    secs = duration_ns / 1e9
-    summary = {
-        "tool": PROG,
-        "ops": ops,
-        "ops_per_s": ops / secs,
-        "mb_per_s": ops * args.size / secs / 1024 / 1024,
-        "duration_s": secs,
-        "us_per_op": (duration_ns // 1000) / ops if ops else None,
-        "workers": args.workers,
-        "size": args.size,
-        "rdy": args.rdy,
-        "client_cpu_s": cpu_s,
-        "client_cpu_us_per_op": cpu_s * 1e6 / ops if ops else None,
+    extra = {
         "recv_chunks": chunks,
         "msgs_per_chunk": ops / chunks if chunks else None,
-        "slow_path_frames": slow,
+        "slow_path_frames": sum(int(r[6]) for r in results),
         # seconds from the start to the last message: well below duration_s
         # means the channel ran dry, so ops_per_s understates the reader
         "last_msg_s": (last_msg_ns - start) / 1e9 if last_msg_ns else None,
     }
-    sys.stdout.write(json.dumps(summary) + "\n")
-    sys.stdout.flush()
+    report(PROG, run, start, results, {"rdy": args.rdy}, extra)
     return 0
 
 
