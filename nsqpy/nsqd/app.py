@@ -12,6 +12,7 @@ from nsqpy.common.log import Logger
 from nsqpy.nsqd.metadata import MetadataError
 from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.server import NSQDServer
+from nsqpy.nsqd.tls import TLSConfigError
 
 
 def tune_gc() -> None:
@@ -29,9 +30,10 @@ async def serve(
 ) -> int:
     stop = stop_on_signals()  # first: a SIGTERM during start-up still exits gracefully
     server = NSQDServer(opts, logger)
-    try:
+    try:  # Go's nsqd.New: the data dir lock, then the TLS config
         server.dir_lock.lock()
-    except MetadataError as err:
+        server.build_tls()
+    except (MetadataError, TLSConfigError) as err:
         logger.fatal(f"failed to instantiate nsqd - {err}")
         return 1
     try:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote_plus, urlsplit, urlunsplit
 
+from nsqpy.common.gojson import encode_json
+
 __all__ = [
     "ACCEPT_V1",
     "AuthClient",
@@ -388,16 +390,8 @@ def _go_list(value: object, name: str, item_types: tuple[type, ...]) -> list[Any
 
 
 def go_json(value: object) -> str:
-    """JSON as Go's ``json.Marshal`` writes it: compact, UTF-8, ``<``, ``>``, ``&``,
-    U+2028 and U+2029 escaped."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    return (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
+    """JSON as Go's ``json.Marshal`` writes it (see :mod:`nsqpy.common.gojson`)."""
+    return encode_json(value).decode()
 
 
 def auth_reply(state: AuthState) -> bytes:

@@ -57,13 +57,18 @@ class NSQDServer:
         future = self._loop.run_in_executor(self._executor, fn)
         future.add_done_callback(lambda f: done(None if f.cancelled() else f.exception()))
 
+    def build_tls(self) -> None:
+        """Go's buildTLSConfig, part of nsqd.New; raises TLSConfigError."""
+        self.tls_context = build_tls_context(self.opts)
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self.nsqd.wakeup = self._wakeup
         self.nsqd.run_in_thread = self._run_in_thread
         opts = self.opts
-        self.tls_context = build_tls_context(opts)  # TLSConfigError is a ValueError
+        if self.tls_context is None:
+            self.build_tls()
         if opts.auth_http_addresses:
             self.authd = AuthClient(
                 opts.auth_http_addresses,
