@@ -29,7 +29,7 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # Playwright marks the main thread's loop running while alive
 def browser() -> Iterator[Any]:
     if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
