@@ -13,15 +13,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import struct
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.e2e import E2EStream
-from nsqpy.nsqd.message import Message, from_payload, requeued, to_payload
+from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, requeued, to_payload
 from nsqpy.wire.names import is_ephemeral
-from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER
+from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER, MESSAGE_HEADER
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.nsqd import NSQD
@@ -304,17 +305,21 @@ class Channel:
             return
         memory = self._memory
         redefer = self.redefer
+        unpack = MESSAGE_HEADER.unpack_from
         for payload in payloads:
+            # from_payload inlined: this runs once per message read back from disk
             try:
-                msg = from_payload(payload)
-            except ValueError as err:
+                timestamp, attempts, msg_id = unpack(payload)
+            except struct.error:
                 self._nsqd.logf_error(
-                    f"CHANNEL({self.topic_name}:{self.name}): failed to decode message - {err}"
+                    f"CHANNEL({self.topic_name}:{self.name}): failed to decode message"
+                    f" - message payload too short: {len(payload)} bytes"
                 )
                 continue
+            msg = (msg_id, timestamp, attempts if attempts < MAX_ATTEMPTS else -1, payload[26:])
             if redefer is not None:
                 # deferred when nsqd last exited: deferred again for what is left of its delay
-                due = redefer.pop(msg[0], None)
+                due = redefer.pop(msg_id, None)
                 if due is not None and due > time.time_ns():
                     self._push_deferred(msg, (due - time.time_ns()) / 1e9)
                     continue

@@ -47,7 +47,9 @@ _INT32 = struct.Struct(">i")
 _FRAME_HEADER = struct.Struct(">ii")
 # Frame size, frame type, timestamp, attempts, ID: everything of a message frame but the body.
 MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH16s")
-_MESSAGE = struct.Struct(">qH16s")
+# Timestamp, attempts, ID: the 26-byte header of a message payload (§2.1).
+MESSAGE_HEADER: Final = struct.Struct(">qH16s")
+_MESSAGE = MESSAGE_HEADER
 
 
 class ProtocolError(Exception):
