@@ -1,0 +1,64 @@
+"""``NSQDataSource``: the ``nsq`` format for Spark's Python Data Source API."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from nsqpy.spark._options import SinkOptions, SourceOptions
+from nsqpy.spark._schema import SCHEMA
+from nsqpy.spark._sink import NSQBatchWriter, NSQStreamWriter, check_sink_schema
+from nsqpy.spark._source import NSQBatchReader, NSQStreamReader
+
+__all__ = ["NSQDataSource"]
+
+
+class NSQDataSource(DataSource):
+    """NSQ topics as Spark sources and sinks::
+
+        spark.dataSource.register(NSQDataSource)
+        df = (spark.readStream.format("nsq")
+              .option("nsqdTCPAddresses", "127.0.0.1:4150")
+              .option("nsqdHTTPAddresses", "127.0.0.1:4151")
+              .option("topic", "events").option("channel", "spark")
+              .option("walLocation", "/data/ckpt/events/nsq-wal")
+              .load())
+
+    Rows: ``id`` string, ``timestamp`` timestamp, ``attempts`` int, ``body`` binary, ``topic``,
+    ``channel`` and ``nsqd`` strings. Writes publish the ``body`` column (binary or string).
+    See docs/SPARK.md for every option and the guarantees.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return NSQBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return NSQStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        _check_mode(overwrite)
+        check_sink_schema(schema)
+        return NSQBatchWriter(SinkOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        _check_mode(overwrite)
+        check_sink_schema(schema)
+        return NSQStreamWriter(SinkOptions.parse(self.options))
+
+
+def _check_mode(overwrite: bool) -> None:
+    if overwrite:
+        raise ValueError("an NSQ topic cannot be overwritten: use mode('append')")

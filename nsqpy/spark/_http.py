@@ -1,0 +1,155 @@
+"""The HTTP calls the connector makes, blocking and stdlib-only: nsqlookupd ``/lookup`` and
+``/nodes`` (spec §4.3) for discovery, nsqd ``/stats`` (spec §3.2) for channel depth and
+``/channel/create`` so that a new query's channel starts retaining messages at once.
+
+These run in the driver-side planner processes and, for the sink's discovery, in write tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlencode
+
+__all__ = [
+    "HTTPError",
+    "Producer",
+    "channel_depth",
+    "lookup_producers",
+    "lookupd_nodes",
+]
+
+log = logging.getLogger("nsqpy.spark")
+
+ACCEPT: Final = "application/vnd.nsq; version=1.0"
+
+
+class HTTPError(Exception):
+    """An nsqd or nsqlookupd HTTP request failed (connection, status or JSON)."""
+
+
+@dataclass(frozen=True, order=True)
+class Producer:
+    """One nsqd: the TCP address the connector connects to, and its HTTP address if known."""
+
+    tcp_address: str
+    http_address: str | None
+
+
+def _url(address: str, path: str, params: dict[str, str]) -> str:
+    base = address if "://" in address else "http://" + address
+    query = urlencode(params)
+    return f"{base.rstrip('/')}{path}" + (f"?{query}" if query else "")
+
+
+def _request(url: str, timeout: float, *, method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, method=method, headers={"Accept": ACCEPT})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), bytes(err.read() or b"")
+    except (OSError, ValueError) as err:
+        raise HTTPError(f"{method} {url}: {err}") from err
+
+
+def get_json(url: str, timeout: float, *, not_found_ok: bool = False) -> dict[str, Any] | None:
+    """GET NSQ JSON, unwrapping the pre-1.0 ``{"status_code", "data"}`` envelope."""
+    status, body = _request(url, timeout)
+    if status == 404 and not_found_ok:
+        return None
+    if status != 200:
+        raise HTTPError(f"GET {url}: HTTP {status} {body[:200]!r}")
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise HTTPError(f"GET {url}: invalid JSON {body[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise HTTPError(f"GET {url}: unexpected JSON {body[:200]!r}")
+    if "status_code" in data and isinstance(data.get("data"), dict):
+        data = data["data"]
+    return dict(data)
+
+
+def _peer(peer: dict[str, Any]) -> Producer:
+    host = str(peer["broadcast_address"])
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return Producer(f"{host}:{int(peer['tcp_port'])}", f"{host}:{int(peer['http_port'])}")
+
+
+def _from_lookupds(
+    lookupds: tuple[str, ...], path: str, params: dict[str, str], timeout: float
+) -> list[Producer]:
+    """The union of the producers every reachable lookupd reports; an error if none answers."""
+    found: set[Producer] = set()
+    errors: list[str] = []
+    for address in lookupds:
+        try:
+            data = get_json(_url(address, path, params), timeout, not_found_ok=True)
+        except HTTPError as err:
+            errors.append(str(err))
+            continue
+        for peer in (data or {}).get("producers") or []:
+            found.add(_peer(peer))
+    if errors and len(errors) == len(lookupds):
+        raise HTTPError("no nsqlookupd answered: " + "; ".join(errors))
+    for message in errors:
+        log.warning("nsqlookupd query failed: %s", message)
+    return sorted(found)
+
+
+def lookup_producers(lookupds: tuple[str, ...], topic: str, timeout: float) -> list[Producer]:
+    """The nsqd producing ``topic`` (``/lookup?topic=``), sorted; an unknown topic has none."""
+    return _from_lookupds(lookupds, "/lookup", {"topic": topic}, timeout)
+
+
+def lookupd_nodes(lookupds: tuple[str, ...], timeout: float) -> list[Producer]:
+    """Every nsqd registered with the lookupds (``/nodes``), sorted: where to publish."""
+    return _from_lookupds(lookupds, "/nodes", {}, timeout)
+
+
+def _find_channel(data: dict[str, Any], topic: str, channel: str) -> dict[str, Any] | None:
+    for t in data.get("topics") or []:
+        if t.get("topic_name") == topic:
+            for c in t.get("channels") or []:
+                if c.get("channel_name") == channel:
+                    return dict(c)
+    return None
+
+
+def channel_depth(http_address: str, topic: str, channel: str, timeout: float) -> int:
+    """The number of messages ready for ``channel`` on one nsqd (memory + disk depth).
+
+    A missing channel is created (``POST /topic/create``, then ``/channel/create``), as a
+    consumer's SUB would: from then on nsqd keeps every new message for it. Messages a topic held
+    while it had no channel at all flow into this first channel and are counted.
+    """
+    params = {
+        "format": "json",
+        "topic": topic,
+        "channel": channel,
+        "include_clients": "false",
+        "include_mem": "false",
+    }
+    data = get_json(_url(http_address, "/stats", params), timeout) or {}
+    stats = _find_channel(data, topic, channel)
+    if stats is None:
+        # /channel/create needs the topic to exist (404 TOPIC_NOT_FOUND otherwise).
+        for path, args in (
+            ("/topic/create", {"topic": topic}),
+            ("/channel/create", {"topic": topic, "channel": channel}),
+        ):
+            url = _url(http_address, path, args)
+            status, body = _request(url, timeout, method="POST")
+            if status != 200:
+                raise HTTPError(f"POST {url}: HTTP {status} {body[:200]!r}")
+        data = get_json(_url(http_address, "/stats", params), timeout) or {}
+        stats = _find_channel(data, topic, channel)
+        if stats is None:
+            return 0
+    return int(stats.get("depth") or 0)

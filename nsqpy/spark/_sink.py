@@ -1,0 +1,258 @@
+"""The sink: Arrow writers that MPUB a DataFrame's ``body`` column to an NSQ topic.
+
+Each write task publishes its rows to one nsqd (``nsqdTCPAddresses``, or every nsqd nsqlookupd
+knows through ``/nodes``, chosen by partition id) in MPUB commands that respect nsqd's limits
+(``--max-body-size`` 5 MiB per command, ``--max-msg-size`` 1 MiB per message, at most
+``(max_body_size - 4) / 5`` messages), with several commands in flight at once.
+
+At least once: NSQ has no transactions and no producer idempotence, so a task that fails after
+some ``OK``\\ s, or a micro-batch that Spark re-executes, publishes again. With
+``markerLocation`` a streaming task writes ``<markerLocation>/<batchId>/<partitionId>`` after
+its last ``OK``, and a re-execution of that partition (same input, thanks to the source's
+log) skips it; this shrinks the duplicate window to a task that dies mid-publish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from nsqpy.spark._conn import NSQConnectionError, Publisher
+from nsqpy.spark._http import lookupd_nodes
+from nsqpy.spark._options import SinkOptions
+
+__all__ = ["NSQBatchWriter", "NSQCommitMessage", "NSQStreamWriter", "check_sink_schema"]
+
+log = logging.getLogger("nsqpy.spark")
+
+_INT32 = struct.Struct(">i")
+BODY_COLUMN: Final = "body"
+
+
+def check_sink_schema(schema: StructType) -> None:
+    """The DataFrame must have a ``body`` column of binary or string type."""
+    fields = {f.name.lower(): f for f in schema.fields}
+    field = fields.get(BODY_COLUMN)
+    if field is None:
+        raise ValueError(f"the nsq sink needs a 'body' column; the columns are {schema.names}")
+    if not isinstance(field.dataType, BinaryType | StringType):
+        raise ValueError(f"column 'body' must be binary or string, not {field.dataType}")
+
+
+@dataclass
+class NSQCommitMessage(WriterCommitMessage):
+    """What one write task did (travels to the driver's ``commit``)."""
+
+    batch_id: int | None
+    partition_id: int
+    messages: int
+    commands: int
+    skipped: bool = False
+    nsqd: str = ""
+
+
+def encode_mpubs(
+    topic: str, batches: Iterator[Any], options: SinkOptions, counter: list[int]
+) -> Iterator[bytes]:
+    """MPUB commands for the ``body`` column of every Arrow batch, within nsqd's limits.
+
+    ``counter[0]`` counts the messages encoded.
+    """
+    max_msg = options.max_msg_size
+    max_body = options.max_body_size
+    max_count = min(options.publish_batch_size, (max_body - 4) // 5)
+    head = b"MPUB " + topic.encode() + b"\n"
+    pack = _INT32.pack
+    parts: list[bytes] = []
+    size = 4  # the message count
+    count = 0
+
+    def command() -> bytes:
+        payload = b"".join(parts)
+        return head + pack(len(payload) + 4) + pack(count) + payload
+
+    for batch in batches:
+        bodies = _bodies(batch)
+        for body in bodies:
+            n = len(body)
+            if n == 0 or n > max_msg:
+                raise ValueError(
+                    f"nsq sink: a body of {n} bytes cannot be published "
+                    f"(NSQ takes 1 to maxMsgSize={max_msg} bytes)"
+                )
+            if count and (count >= max_count or size + 4 + n > max_body):
+                yield command()
+                parts = []
+                size = 4
+                count = 0
+            parts.append(pack(n))
+            parts.append(body)
+            size += 4 + n
+            count += 1
+            counter[0] += 1
+    if count:
+        yield command()
+
+
+def _bodies(batch: Any) -> list[bytes]:
+    """The ``body`` column of an Arrow batch as bytes (strings are UTF-8)."""
+    names = [n.lower() for n in batch.schema.names]
+    column = batch.column(names.index(BODY_COLUMN))
+    if column.null_count:
+        raise ValueError("nsq sink: column 'body' has nulls (NSQ messages cannot be empty)")
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    bodies: list[bytes] = column.to_pylist()
+    return bodies
+
+
+def _addresses(options: SinkOptions) -> list[str]:
+    if options.nsqd_tcp_addresses:
+        return list(options.nsqd_tcp_addresses)
+    nodes = lookupd_nodes(options.lookupd_http_addresses, options.connect_timeout)
+    if not nodes:
+        raise NSQConnectionError("nsq sink: nsqlookupd knows no nsqd to publish to")
+    return [n.tcp_address for n in nodes]
+
+
+def _marker_path(options: SinkOptions, batch_id: int, partition_id: int) -> str | None:
+    if options.marker_location is None:
+        return None
+    return os.path.join(options.marker_location, str(batch_id), str(partition_id))
+
+
+def _write_marker(path: str, body: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def publish_partition(options: SinkOptions, batches: Iterator[Any]) -> NSQCommitMessage:
+    """Publish one write task's rows (the body of every writer's ``write``)."""
+    ctx = TaskContext.get()
+    partition_id = ctx.partitionId() if ctx is not None else 0
+    raw_batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    batch_id = int(raw_batch_id) if raw_batch_id is not None else None
+    marker = None if batch_id is None else _marker_path(options, batch_id, partition_id)
+    if marker is not None and os.path.exists(marker):
+        for _ in batches:  # consume the input all the same
+            pass
+        log.info("nsq sink: batch %s partition %d already published", batch_id, partition_id)
+        return NSQCommitMessage(batch_id, partition_id, 0, 0, skipped=True)
+
+    started = time.monotonic()
+    counter = [0]
+    commands = encode_mpubs(options.topic, batches, options, counter)
+    first = next(commands, None)
+    if first is None:
+        return NSQCommitMessage(batch_id, partition_id, 0, 0)
+    addresses = _addresses(options)
+    publisher: Publisher | None = None
+    errors: list[str] = []
+    for k in range(len(addresses)):
+        address = addresses[(partition_id + k) % len(addresses)]
+        try:
+            publisher = Publisher(address, options.connect_timeout, options.reply_timeout)
+            break
+        except NSQConnectionError as err:
+            errors.append(str(err))
+    if publisher is None:
+        raise NSQConnectionError("nsq sink: no nsqd reachable: " + "; ".join(errors))
+    try:
+        acked = publisher.publish(_chain(first, commands), options.publish_pipeline)
+    finally:
+        publisher.close()
+    if marker is not None:
+        _write_marker(marker, f"{counter[0]}\n".encode())
+    log.info(
+        "nsq sink: batch %s partition %d: %d messages in %d MPUBs to %s in %.0fms",
+        batch_id,
+        partition_id,
+        counter[0],
+        acked,
+        publisher.address,
+        (time.monotonic() - started) * 1000,
+    )
+    return NSQCommitMessage(batch_id, partition_id, counter[0], acked, nsqd=publisher.address)
+
+
+def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
+
+
+class NSQStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("nsq")``."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
+        return publish_partition(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Runs on the driver, in a fresh writer, before Spark's commit log entry."""
+        done = [m for m in messages if isinstance(m, NSQCommitMessage)]
+        log.info(
+            "nsq sink: batch %d committed: %d messages (%d partitions skipped)",
+            batchId,
+            sum(m.messages for m in done),
+            sum(1 for m in done if m.skipped),
+        )
+        # Markers of earlier batches are no longer needed: only the last batch is re-executed.
+        location = self.options.marker_location
+        if location is not None:
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(location):
+                    if name.isdigit() and int(name) < batchId:
+                        shutil.rmtree(os.path.join(location, name), ignore_errors=True)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        published = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))
+        log.warning(
+            "nsq sink: batch %d aborted; %d messages were already published (NSQ cannot take "
+            "them back)",
+            batchId,
+            published,
+        )
+
+
+class NSQBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("nsq").mode("append").save()``."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
+        return publish_partition(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))
+        log.info("nsq sink: %d messages published to %s", total, self.options.topic)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        published = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))
+        log.warning("nsq sink: write aborted; %d messages were already published", published)

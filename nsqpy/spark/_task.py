@@ -1,0 +1,365 @@
+"""One read task: replay a sealed partition, or read it from nsqd through the log.
+
+A fresh read, in order::
+
+    IDENTIFY, SUB, RDY             ceil(quota / max RDY) connections, RDYs summing to the quota
+    repeat:                        until the quota, idleTimeout or readBudget
+        collect a chunk            (walSegmentRows messages)
+        write it as a segment      Arrow IPC, fsync, rename: durable, nothing FIN'd yet
+        hand its rows to Spark     Spark turns them into its own output meanwhile
+    CLS -> CLOSE_WAIT              nsqd stops delivering; late arrivals form a last segment
+    SEALED (link)                  the partition is decided: exactly these segments
+    FIN every id, half-close, EOF  on the receiving connection; EOF proves nsqd applied them
+    FINNED                         else the ids stay "unconfirmed" and are deduped later
+
+Why this is safe:
+
+* RDY caps in-flight messages and nothing is FIN'd before the seal, so a task never holds more
+  than its quota, and a crash before the seal loses nothing: the messages time out in nsqd and
+  come back (and Spark discards a failed task's output).
+* A crash after the seal loses nothing either: the retry, or the restart, replays the sealed
+  segments (byte for byte), and the redeliveries of the unconfirmed FINs are dropped.
+* An attempt that finds the partition sealed by another attempt (speculation, a zombie)
+  requeues what it read and **fails**: the rows it already handed to Spark are not the sealed
+  ones, so Spark must not use its output.
+* Rows go to Spark before the FIN, so a slow stage downstream in the same task keeps messages
+  in flight longer: a thread TOUCHes them every ``msg_timeout / 3`` until the FIN (nsqd caps
+  this at ``--max-msg-timeout``, 15 minutes by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import selectors
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Final
+
+from nsqpy.spark._conn import Columns, ConsumerConnection, NSQConnectionError
+from nsqpy.spark._offsets import PartitionPlan
+from nsqpy.spark._options import SourceOptions
+from nsqpy.spark._schema import to_record_batch
+from nsqpy.spark._wal import WAL, UnconfirmedKey
+
+__all__ = ["SealLostError", "read_partition"]
+
+log = logging.getLogger("nsqpy.spark")
+
+OUTPUT_ROWS: Final = 10_000  # rows per RecordBatch handed to Spark (its default Arrow batch)
+_RELOAD_INTERVAL: Final = 1.0
+_KEEPALIVE: Final = 15.0  # half of nsqd's default heartbeat interval
+
+
+class SealLostError(RuntimeError):
+    """Another attempt sealed the partition first; this attempt's output must not be used."""
+
+
+def read_partition(plan: PartitionPlan, options: SourceOptions) -> Iterator[Any]:
+    """The rows of one partition as ``pyarrow.RecordBatch`` es (see the module docstring)."""
+    if plan.quota <= 0:
+        return
+    wal = WAL(options.wal_location, fsync=options.fsync)
+    pdir = wal.partition_dir(plan.run, plan.batch, plan.index)
+    seal = wal.read_seal(pdir)
+    if seal is not None:
+        yield from wal.replay(pdir, seal)
+        return
+    task = _PartitionRead(plan, options, wal, pdir)
+    try:
+        yield from task.run()
+    finally:
+        task.close()
+
+
+class _Dedupe:
+    """Is this redelivery already in the log? Loaded from the WAL on the first ``attempts > 1``
+    message, and reloaded (at most once a second) when an id is not found."""
+
+    def __init__(self, wal: WAL, nsqd: str) -> None:
+        self._wal = wal
+        self._nsqd = nsqd
+        self._keys: set[UnconfirmedKey] | None = None
+        self._loaded_at = 0.0
+
+    def __call__(self, msg_id: bytes) -> bool:
+        key = (self._nsqd, msg_id)
+        if self._keys is not None and key in self._keys:
+            return True
+        if self._keys is None or time.monotonic() - self._loaded_at >= _RELOAD_INTERVAL:
+            self._keys = self._wal.unconfirmed()
+            self._loaded_at = time.monotonic()
+        return key in self._keys
+
+
+class _Keepalive(threading.Thread):
+    """Until stopped: TOUCH the kept messages every ``msg_timeout / 3`` (and send a NOP at
+    least every 15 s), so that nothing times out and nsqd keeps the connections while the task
+    is busy elsewhere (writing the log, or blocked on Spark taking its rows)."""
+
+    def __init__(self, conns: list[ConsumerConnection], msg_timeout: float) -> None:
+        super().__init__(name="nsq-keepalive", daemon=True)
+        self._conns = conns
+        self._touch_every = max(0.3, msg_timeout / 3)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        last_touch = time.monotonic()
+        while not self._stop_event.wait(min(self._touch_every, _KEEPALIVE)):
+            touch = time.monotonic() - last_touch >= self._touch_every * 0.99
+            if touch:
+                last_touch = time.monotonic()
+            for conn in self._conns:
+                try:
+                    conn.keepalive(touch)
+                except NSQConnectionError as err:
+                    log.warning("nsq read: keepalive failed: %s", err)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join()
+
+
+def _confirm_finish(
+    conns: list[ConsumerConnection], wal: WAL, pdir: str, dedupe: _Dedupe, timeout: float
+) -> None:
+    try:
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            for conn in conns:
+                sel.register(conn.sock, selectors.EVENT_READ, conn)
+            pending = len(conns)
+            while pending:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                for key, _ in sel.select(wait):
+                    conn = key.data
+                    conn.read_closing(dedupe)
+                    if conn.eof:
+                        sel.unregister(key.fileobj)
+                        pending -= 1
+        failed: list[bytes] = []
+        for conn in conns:
+            if not conn.eof:
+                log.warning("nsq read: %s did not confirm %d FINs", conn.address, len(conn.ids))
+                failed.extend(conn.ids)
+            elif conn.fin_failed:
+                mine = set(conn.ids)
+                failed.extend(i for i in conn.fin_failed if i in mine)
+        wal.mark_finned(pdir, failed)
+    except Exception as err:  # the partition stays "unconfirmed": safe, only noisier
+        log.warning("nsq read: confirming FINs in %s failed: %s", pdir, err)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+class _PartitionRead:
+    def __init__(self, plan: PartitionPlan, options: SourceOptions, wal: WAL, pdir: str) -> None:
+        self.plan = plan
+        self.options = options
+        self.wal = wal
+        self.pdir = pdir
+        self.dedupe = _Dedupe(wal, plan.nsqd)
+        self.conns: list[ConsumerConnection] = []
+        self.opened: list[ConsumerConnection] = []  # every connection, for the log line
+        self.segments: list[str] = []
+        self.rows = 0
+        self.msg_timeout = 60.0
+        self.started = time.monotonic()
+
+    def run(self) -> Iterator[Any]:
+        plan = self.plan
+        try:
+            self._subscribe()
+        except NSQConnectionError as err:
+            # nsqd is gone (or not reachable): its messages stay there for a later batch.
+            log.warning(
+                "nsq read: %s; partition %d of batch %d is empty", err, plan.index, plan.batch
+            )
+            self.close_connections()
+            self.wal.seal(self.pdir, [], 0, plan.nsqd)
+            return
+        keepalive = _Keepalive(self.conns, self.msg_timeout)
+        keepalive.start()
+        try:
+            yield from self._collect()
+            yield from self._stop_delivery()
+            won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd)
+        finally:
+            keepalive.stop()
+        if not won:
+            self._requeue_all()
+            raise SealLostError(
+                f"batch {plan.batch} partition {plan.index} was sealed by another attempt"
+            )
+        self._test_crash_hook()
+        self._finish()
+
+    def close_connections(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+    def close(self) -> None:
+        plan = self.plan
+        self.close_connections()
+        log.info(
+            "nsq read: run=%s batch=%d partition=%d nsqd=%s quota=%d rows=%d dropped=%d %.0fms",
+            plan.run,
+            plan.batch,
+            plan.index,
+            plan.nsqd,
+            plan.quota,
+            self.rows,
+            sum(c.dropped for c in self.opened),
+            (time.monotonic() - self.started) * 1000,
+        )
+
+    def _subscribe(self) -> None:
+        """Open ceil(quota / max RDY) subscribed connections and set their RDY.
+
+        The first connection learns nsqd's ``max_rdy_count``; the others subscribe at once.
+        """
+        o = self.options
+        plan = self.plan
+
+        def connect() -> ConsumerConnection:
+            conn = ConsumerConnection(plan.nsqd, o.connect_timeout)
+            self.conns.append(conn)
+            self.opened.append(conn)
+            conn.send_subscribe(
+                plan.topic,
+                plan.channel,
+                msg_timeout_ms=o.msg_timeout_ms,
+                output_buffer_timeout_ms=o.output_buffer_timeout_ms,
+                output_buffer_size=o.output_buffer_size,
+            )
+            return conn
+
+        identity = connect().await_subscribed()
+        max_rdy = min(o.max_in_flight_per_connection, int(identity.get("max_rdy_count", 2500)))
+        self.msg_timeout = int(identity.get("msg_timeout", 60_000)) / 1000.0
+        count = math.ceil(plan.quota / max_rdy)
+        more = [connect() for _ in range(count - 1)]
+        for conn in more:
+            conn.await_subscribed()
+        base, extra = divmod(plan.quota, count)
+        for j, conn in enumerate(self.conns):
+            conn.ready(base + (1 if j < extra else 0))
+
+    def _segment(self, cols: Columns) -> Iterator[Any]:
+        """Make ``cols`` a durable segment, then hand its rows to Spark."""
+        plan = self.plan
+        batch = to_record_batch(cols, plan.topic, plan.channel, plan.nsqd)
+        self.segments.append(self.wal.write_segment(self.pdir, batch))
+        self.rows += batch.num_rows
+        for start in range(0, batch.num_rows, OUTPUT_ROWS):
+            yield batch.slice(start, OUTPUT_ROWS)
+
+    def _collect(self) -> Iterator[Any]:
+        """Receive until the quota, idleTimeout without a message, or the read budget."""
+        o = self.options
+        quota = self.plan.quota
+        chunk = max(1, o.wal_segment_rows)
+        # In-flight messages must not time out while collecting: stay well inside msg_timeout.
+        budget_end = time.monotonic() + min(o.read_budget, self.msg_timeout / 2)
+        cols = Columns()
+        kept = 0
+        last_progress = time.monotonic()
+        with selectors.DefaultSelector() as sel:
+            for conn in self.conns:
+                sel.register(conn.sock, selectors.EVENT_READ, conn)
+            while kept < quota:
+                now = time.monotonic()
+                wait = min(last_progress + o.idle_timeout, budget_end) - now
+                if wait <= 0:
+                    break
+                for key, _ in sel.select(wait):
+                    conn = key.data
+                    before = conn.dropped
+                    got = conn.pump(cols, self.dedupe)
+                    if got or conn.dropped != before:
+                        kept += got
+                        last_progress = time.monotonic()
+                    if conn.eof:
+                        raise NSQConnectionError(f"{conn.address}: closed by nsqd while reading")
+                if len(cols) >= chunk:
+                    yield from self._segment(cols)
+                    cols = Columns()
+                    # Time spent in Spark's hands is not idleness of the channel.
+                    last_progress = time.monotonic()
+        if len(cols):
+            yield from self._segment(cols)
+
+    def _stop_delivery(self) -> Iterator[Any]:
+        """CLS every connection and read until each has answered CLOSE_WAIT.
+
+        Messages that arrive meanwhile were sent within RDY: they form a last segment.
+        """
+        for conn in self.conns:
+            conn.start_close()
+        cols = Columns()
+        deadline = time.monotonic() + self.options.connect_timeout
+        with selectors.DefaultSelector() as sel:
+            for conn in self.conns:
+                if not conn.close_wait:
+                    sel.register(conn.sock, selectors.EVENT_READ, conn)
+            while any(not c.close_wait for c in self.conns):
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise NSQConnectionError(f"{self.plan.nsqd}: no CLOSE_WAIT in time")
+                for key, _ in sel.select(wait):
+                    conn = key.data
+                    conn.pump(cols, self.dedupe)
+                    if conn.eof:
+                        raise NSQConnectionError(
+                            f"{conn.address}: closed by nsqd before CLOSE_WAIT"
+                        )
+        if len(cols):
+            yield from self._segment(cols)
+
+    def _finish(self) -> None:
+        """FIN on every connection and half-close; a thread then waits until nsqd confirms
+        (EOF) and records the ids whose FIN failed or was not confirmed in ``FINNED``.
+
+        The task does not wait for the confirmation: the rows are sealed, so it only decides
+        which ids need dedupe. If the worker dies first, ``FINNED`` is missing and all the
+        partition's ids count as unconfirmed, which is safe.
+        """
+        try:
+            for conn in self.conns:
+                conn.send_finish()
+        except NSQConnectionError as err:  # the partition stays "unconfirmed": safe
+            log.warning("nsq read: FIN failed: %s", err)
+            return
+        conns, self.conns = self.conns, []  # the confirming thread owns them now
+        threading.Thread(
+            target=_confirm_finish,
+            args=(conns, self.wal, self.pdir, self.dedupe, 2 * self.options.connect_timeout),
+            name="nsq-fin-confirm",
+            daemon=True,
+        ).start()
+
+    def _requeue_all(self) -> None:
+        for conn in self.conns:
+            try:
+                lines = [b"REQ " + i + b" 0\n" for i in conn.ids + conn.late]
+                if lines:
+                    conn.send(b"".join(lines))
+            except NSQConnectionError as err:
+                log.warning("nsq read: requeue failed (the messages will time out): %s", err)
+
+    def _test_crash_hook(self) -> None:
+        crash = self.options.test_crash_after_wal
+        if crash is None or crash != (self.plan.batch, self.plan.index):
+            return
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.attemptNumber() == 0:
+            log.warning("nsq read: test hook: crashing after the WAL write, before FIN")
+            os._exit(37)

@@ -1,0 +1,102 @@
+"""The write-ahead log: segments, seals (first wins), unconfirmed ids, garbage collection."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from nsqpy.spark._conn import Columns
+from nsqpy.spark._schema import ARROW_SCHEMA, to_record_batch
+from nsqpy.spark._wal import WAL
+
+
+def _batch(ids: list[bytes]) -> Any:
+    cols = Columns()
+    for i, msg_id in enumerate(ids):
+        cols.ids.append(msg_id)
+        cols.timestamps.append(1_700_000_000_123_456_789 + i)
+        cols.attempts.append(1)
+        cols.bodies.append(b"body-%d" % i)
+    return to_record_batch(cols, "t", "c", "n:1")
+
+
+def _ids(n: int, prefix: str = "a") -> list[bytes]:
+    return [f"{prefix}{i:015x}".encode() for i in range(n)]
+
+
+def test_record_batch_schema_and_values() -> None:
+    batch = _batch(_ids(2))
+    assert batch.schema.equals(ARROW_SCHEMA)
+    row = batch.to_pylist()[1]
+    assert row["id"] == _ids(2)[1].decode()
+    assert row["timestamp"].timestamp() == 1_700_000_000.123456
+    assert (row["attempts"], row["body"], row["topic"], row["nsqd"]) == (1, b"body-1", "t", "n:1")
+
+
+def test_segment_seal_replay(tmp_path: Path) -> None:
+    wal = WAL(str(tmp_path))
+    pdir = wal.partition_dir("r", 1, 0)
+    batch = _batch(_ids(5))
+    segment = wal.write_segment(pdir, batch)
+    other = wal.write_segment(pdir, _batch(_ids(2, "b")))
+    assert wal.seal(pdir, [segment, other], 7, "n:1")
+    seal = wal.read_seal(pdir)
+    assert seal is not None and (seal.segments, seal.rows, seal.nsqd) == (
+        (segment, other),
+        7,
+        "n:1",
+    )
+    replayed = list(wal.replay(pdir, seal))
+    assert len(replayed) == 2 and replayed[0].equals(batch)
+    assert wal.sealed_counts("r", 1) == {"n:1": 7}
+    assert not [n for n in os.listdir(pdir) if n.endswith(".tmp")]
+
+
+def test_first_seal_wins(tmp_path: Path) -> None:
+    wal = WAL(str(tmp_path))
+    pdir = wal.partition_dir("r", 1, 0)
+    first = wal.write_segment(pdir, _batch(_ids(3, "a")))
+    second = wal.write_segment(pdir, _batch(_ids(3, "b")))
+    assert wal.seal(pdir, [first], 3, "n:1")
+    assert not wal.seal(pdir, [second], 3, "n:1")
+    seal = wal.read_seal(pdir)
+    assert seal is not None and seal.segments == (first,)
+
+
+def test_unconfirmed_ids_and_garbage_collection(tmp_path: Path) -> None:
+    wal = WAL(str(tmp_path))
+    # batch 1: sealed, FINs confirmed except one; batch 2: sealed, never finned;
+    # batch 3: a segment without a seal (an attempt that died before sealing).
+    p1 = wal.partition_dir("r", 1, 0)
+    wal.seal(p1, [wal.write_segment(p1, _batch(_ids(3, "a")))], 3, "n:1")
+    wal.mark_finned(p1, [_ids(3, "a")[1]])
+    p2 = wal.partition_dir("r", 2, 0)
+    wal.seal(p2, [wal.write_segment(p2, _batch(_ids(2, "b")))], 2, "n:1")
+    p3 = wal.partition_dir("r", 3, 0)
+    wal.write_segment(p3, _batch(_ids(2, "c")))
+    expected = {("n:1", _ids(3, "a")[1])} | {("n:1", i) for i in _ids(2, "b")}
+    assert wal.unconfirmed() == expected
+
+    wal.collect_garbage("r", 2, retention=3600)
+    assert sorted(os.listdir(tmp_path / "r")) == ["3"]
+    assert sorted(os.listdir(tmp_path / "unconfirmed")) == ["r-1-0.json", "r-2-0.json"]
+    assert wal.unconfirmed() == expected
+    wal.collect_garbage("r", 2, retention=3600)  # idempotent
+    assert wal.unconfirmed() == expected
+
+    old = time.time() - 7200
+    for name in os.listdir(tmp_path / "unconfirmed"):
+        os.utime(tmp_path / "unconfirmed" / name, (old, old))
+    wal.collect_garbage("r", 2, retention=3600)
+    assert wal.unconfirmed() == set()
+
+
+def test_empty_seal(tmp_path: Path) -> None:
+    wal = WAL(str(tmp_path))
+    pdir = wal.partition_dir("r", 1, 0)
+    assert wal.seal(pdir, [], 0, "n:1")
+    seal = wal.read_seal(pdir)
+    assert seal is not None and list(wal.replay(pdir, seal)) == []
+    assert wal.unconfirmed() == set()
