@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import nsq
 import pytest
 import trustme
 from aiohttp import web
 
 from nsqpy.wire.v2 import encode_pub
 from tests.support.procs import ServerProcess
+from tests.support.pynsq_client import pynsq_round_trip
 from tests.support.rawclient import RawClient, int32, mpub_body
 from tests.support.secure_client import SecureClient, client_context
 
@@ -462,51 +462,9 @@ def test_pynsq_auth_secret(auth_nsqd: ServerProcess, authd: AuthServer, topic: s
     authd.answers["pynsq-secret"] = answer(grant(f"^{topic}$"), identity="pynsq")
     bodies = [b"a-%d" % i for i in range(10)]
 
-    async def scenario() -> tuple[list[Any], list[bytes]]:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[Any] = loop.create_future()
-
-        class Writer(nsq.Writer):  # type: ignore[misc]
-            def _on_connection_ready(self, conn: Any, **kwargs: Any) -> None:
-                super()._on_connection_ready(conn, **kwargs)
-                if not ready.done():
-                    ready.set_result(conn)
-
-        writer = Writer([auth_nsqd.tcp_address], auth_secret="pynsq-secret")
-        await ready
-        responses = []
-        for body in bodies:
-            fut: asyncio.Future[Any] = loop.create_future()
-            writer.pub(
-                topic, body, callback=lambda conn, data, f=fut: f.done() or f.set_result(data)
-            )
-            responses.append(await fut)
-        received: list[bytes] = []
-        done = loop.create_future()
-
-        def handler(message: nsq.Message) -> bool:
-            received.append(message.body)
-            if len(received) == len(bodies) and not done.done():
-                done.set_result(None)
-            return True
-
-        reader = nsq.Reader(
-            topic=topic,
-            channel="auth",
-            nsqd_tcp_addresses=[auth_nsqd.tcp_address],
-            message_handler=handler,
-            auth_secret="pynsq-secret",
-        )
-        await done
-        reader.close()
-        for conn in list(writer.conns.values()):
-            conn.close()
-        return responses, received
-
-    async def main() -> tuple[list[Any], list[bytes]]:
-        return await asyncio.wait_for(scenario(), 20)
-
-    responses, received = asyncio.run(main())
+    responses, received = pynsq_round_trip(
+        auth_nsqd.tcp_address, topic, "auth", bodies, auth_secret="pynsq-secret"
+    )
     assert responses == [b"OK"] * len(bodies)
     assert received == bodies
     assert {r.secret for r in authd.requests} == {"pynsq-secret"}

@@ -4,7 +4,6 @@ with independent ones: cramjam's framing, plain zlib) and the real pynsq client.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import socket
@@ -34,6 +33,7 @@ from nsqpy.wire.v2 import (
     encode_sub,
 )
 from tests.support.procs import ServerProcess
+from tests.support.pynsq_client import pynsq_round_trip
 from tests.support.secure_client import SecureClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -295,62 +295,20 @@ def pynsq_snappy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nsq.conn, "SnappyEncoder", snappy_socket.SnappyEncoder)
 
 
-def pynsq_round_trip(
+def pynsq_snappy_or_deflate_round_trip(
     server: ServerProcess, topic: str, **conn_options: Any
 ) -> tuple[list[Any], list[bytes]]:
     bodies = [b"p-%d" % i * (i + 1) for i in range(15)] + [BIG]
-
-    async def scenario() -> tuple[list[Any], list[bytes]]:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[Any] = loop.create_future()
-
-        class Writer(nsq.Writer):  # type: ignore[misc]
-            def _on_connection_ready(self, conn: Any, **kwargs: Any) -> None:
-                super()._on_connection_ready(conn, **kwargs)
-                if not ready.done():
-                    ready.set_result(conn)
-
-        writer = Writer([server.tcp_address], **conn_options)
-        await ready
-        responses = []
-        for body in bodies[:10]:
-            fut: asyncio.Future[Any] = loop.create_future()
-            writer.pub(
-                topic, body, callback=lambda conn, data, f=fut: f.done() or f.set_result(data)
-            )
-            responses.append(await fut)
-        fut = loop.create_future()
-        writer.mpub(
-            topic, bodies[10:], callback=lambda conn, data, f=fut: f.done() or f.set_result(data)
-        )
-        responses.append(await fut)
-        received: list[bytes] = []
-        done = loop.create_future()
-
-        def handler(message: nsq.Message) -> bool:
-            received.append(message.body)
-            if len(received) == len(bodies) and not done.done():
-                done.set_result(None)
-            return True
-
-        reader = nsq.Reader(
-            topic=topic,
-            channel="pynsq",
-            nsqd_tcp_addresses=[server.tcp_address],
-            message_handler=handler,
-            max_in_flight=5,
-            **conn_options,
-        )
-        await done
-        reader.close()
-        for conn in list(writer.conns.values()):
-            conn.close()
-        return responses, received
-
-    async def main() -> tuple[list[Any], list[bytes]]:
-        return await asyncio.wait_for(scenario(), 30)
-
-    responses, received = asyncio.run(main())
+    responses, received = pynsq_round_trip(
+        server.tcp_address,
+        topic,
+        "pynsq",
+        bodies,
+        mpub_from=10,
+        max_in_flight=5,
+        timeout=30,
+        **conn_options,
+    )
     assert responses == [b"OK"] * 11
     assert received == bodies
     return responses, received
@@ -358,9 +316,9 @@ def pynsq_round_trip(
 
 @pytest.mark.usefixtures("pynsq_snappy")
 def test_pynsq_snappy(shared_nsqd: ServerProcess, topic: str) -> None:
-    pynsq_round_trip(shared_nsqd, topic, snappy=True)
+    pynsq_snappy_or_deflate_round_trip(shared_nsqd, topic, snappy=True)
 
 
 @pytest.mark.parametrize("level", [1, 6, 9])
 def test_pynsq_deflate(shared_nsqd: ServerProcess, topic: str, level: int) -> None:
-    pynsq_round_trip(shared_nsqd, topic, deflate=True, deflate_level=level)
+    pynsq_snappy_or_deflate_round_trip(shared_nsqd, topic, deflate=True, deflate_level=level)

@@ -4,7 +4,6 @@ certificates made by trustme, raw clients on Python's ssl and the real pynsq cli
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 import urllib.request
@@ -13,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nsq
 import pytest
 import trustme
 
 from tests.support.procs import ServerProcess
+from tests.support.pynsq_client import pynsq_round_trip
 from tests.support.rawclient import ConnectionClosed
 from tests.support.secure_client import SecureClient, client_context
 
@@ -335,51 +334,8 @@ def test_pynsq_over_tls(nsqd_factory: NsqdFactory, certs: Certs, topic: str) -> 
     tls_options = {"ca_certs": certs.ca, "certfile": certs.client[0], "keyfile": certs.client[1]}
     bodies = [f"tls-{i}".encode() for i in range(10)]
 
-    async def scenario() -> tuple[list[Any], list[bytes]]:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[Any] = loop.create_future()
-
-        class Writer(nsq.Writer):  # type: ignore[misc]
-            def _on_connection_ready(self, conn: Any, **kwargs: Any) -> None:
-                super()._on_connection_ready(conn, **kwargs)
-                if not ready.done():
-                    ready.set_result(conn)
-
-        writer = Writer([server.tcp_address], tls_v1=True, tls_options=tls_options)
-        await ready
-        responses = []
-        for body in bodies:
-            fut: asyncio.Future[Any] = loop.create_future()
-            writer.pub(
-                topic, body, callback=lambda conn, data, f=fut: f.done() or f.set_result(data)
-            )
-            responses.append(await fut)
-        received: list[bytes] = []
-        done = loop.create_future()
-
-        def handler(message: nsq.Message) -> bool:
-            received.append(message.body)
-            if len(received) == len(bodies) and not done.done():
-                done.set_result(None)
-            return True
-
-        reader = nsq.Reader(
-            topic=topic,
-            channel="tls",
-            nsqd_tcp_addresses=[server.tcp_address],
-            message_handler=handler,
-            tls_v1=True,
-            tls_options=tls_options,
-        )
-        await done
-        reader.close()
-        for conn in list(writer.conns.values()):
-            conn.close()
-        return responses, received
-
-    async def main() -> tuple[list[Any], list[bytes]]:
-        return await asyncio.wait_for(scenario(), 20)
-
-    responses, received = asyncio.run(main())
+    responses, received = pynsq_round_trip(
+        server.tcp_address, topic, "tls", bodies, tls_v1=True, tls_options=tls_options
+    )
     assert responses == [b"OK"] * len(bodies)
     assert received == bodies
