@@ -562,6 +562,45 @@ def flag(
     return dataclasses.field(default=default, metadata=metadata)
 
 
+# -- flags every NSQ binary declares the same way -------------------------------------------
+
+
+def log_level_flag() -> Any:
+    """``--log-level``, as every NSQ binary declares it."""
+    return flag(
+        "log-level",
+        LogLevel.INFO,
+        kind=Kind.VALUE,
+        parse=LogLevel.parse,
+        show=lambda level: level.name,
+        help="set log verbosity: debug, info, warn, error, or fatal",
+    )
+
+
+def log_prefix_flag(prefix: str) -> Any:
+    """``--log-prefix`` with the binary's own default (``"[nsqd] "``, ...)."""
+    return flag("log-prefix", prefix, kind=Kind.STRING, help="log message prefix")
+
+
+def verbose_flag() -> Any:
+    """``--verbose``: deprecated, accepted and ignored (pynsq's test harness passes it)."""
+    return flag(
+        "verbose", False, kind=Kind.BOOL, cfg="", help="[deprecated] has no effect, use --log-level"
+    )
+
+
+def http_client_connect_timeout_flag(default: float = 2.0) -> Any:
+    return flag(
+        "http-client-connect-timeout", default, kind=Kind.DURATION, help="timeout for HTTP connect"
+    )
+
+
+def http_client_request_timeout_flag(default: float = 5.0) -> Any:
+    return flag(
+        "http-client-request-timeout", default, kind=Kind.DURATION, help="timeout for HTTP request"
+    )
+
+
 def flag_specs(cls: type[DataclassInstance] | DataclassInstance) -> list[FlagSpec]:
     """The flags declared on an options dataclass (fields without :func:`flag` are skipped)."""
     specs = []

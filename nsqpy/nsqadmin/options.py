@@ -26,7 +26,12 @@ from nsqpy.common.goflags import (
     OptionsError,
     ParseResult,
     flag,
+    http_client_connect_timeout_flag,
+    http_client_request_timeout_flag,
+    log_level_flag,
+    log_prefix_flag,
     parse_args,
+    verbose_flag,
 )
 
 __all__ = ["Options", "normalize_base_path", "parse_nsqadmin_args", "split_host_port", "validate"]
@@ -36,18 +41,9 @@ __all__ = ["Options", "normalize_base_path", "parse_nsqadmin_args", "split_host_
 class Options:
     """Everything nsqadmin can be configured with; durations are float seconds."""
 
-    log_level: LogLevel = flag(
-        "log-level",
-        LogLevel.INFO,
-        kind=Kind.VALUE,
-        parse=LogLevel.parse,
-        show=lambda level: level.name,
-        help="set log verbosity: debug, info, warn, error, or fatal",
-    )
-    log_prefix: str = flag("log-prefix", "[nsqadmin] ", kind=Kind.STRING, help="log message prefix")
-    verbose: bool = flag(
-        "verbose", False, kind=Kind.BOOL, cfg="", help="[deprecated] has no effect, use --log-level"
-    )
+    log_level: LogLevel = log_level_flag()
+    log_prefix: str = log_prefix_flag("[nsqadmin] ")
+    verbose: bool = verbose_flag()
     http_address: str = flag(
         "http-address",
         "0.0.0.0:4171",
@@ -97,12 +93,8 @@ class Options:
         kind=Kind.STRING,
         help="HTTP endpoint (fully qualified) to which POST notifications of admin actions will be sent",
     )
-    http_client_connect_timeout: float = flag(
-        "http-client-connect-timeout", 2.0, kind=Kind.DURATION, help="timeout for HTTP connect"
-    )
-    http_client_request_timeout: float = flag(
-        "http-client-request-timeout", 5.0, kind=Kind.DURATION, help="timeout for HTTP request"
-    )
+    http_client_connect_timeout: float = http_client_connect_timeout_flag()
+    http_client_request_timeout: float = http_client_request_timeout_flag()
     http_client_tls_insecure_skip_verify: bool = flag(
         "http-client-tls-insecure-skip-verify",
         False,

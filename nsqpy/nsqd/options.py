@@ -23,8 +23,13 @@ from nsqpy.common.goflags import (
     flag,
     go_format_float,
     go_quote,
+    http_client_connect_timeout_flag,
+    http_client_request_timeout_flag,
+    log_level_flag,
+    log_prefix_flag,
     parse_args,
     parse_go_bool,
+    verbose_flag,
 )
 
 __all__ = [
@@ -100,20 +105,9 @@ class Options:
     """Everything nsqd can be configured with; durations are float seconds."""
 
     # basic options
-    log_level: LogLevel = flag(
-        "log-level",
-        LogLevel.INFO,
-        kind=Kind.VALUE,
-        parse=LogLevel.parse,
-        show=lambda level: level.name,
-        help="log verbosity: debug, info, warn, error or fatal",
-    )
-    log_prefix: str = flag(
-        "log-prefix", "[nsqd] ", kind=Kind.STRING, help="prefix of every log line"
-    )
-    verbose: bool = flag(
-        "verbose", False, kind=Kind.BOOL, cfg="", help="[deprecated] no effect, use --log-level"
-    )
+    log_level: LogLevel = log_level_flag()
+    log_prefix: str = log_prefix_flag("[nsqd] ")
+    verbose: bool = verbose_flag()
     node_id: int = flag(
         "node-id",
         default_factory=default_node_id,
@@ -171,12 +165,8 @@ class Options:
         cfg="nsqlookupd_tcp_addresses",
         help="nsqlookupd TCP address (may be given multiple times)",
     )
-    http_client_connect_timeout: float = flag(
-        "http-client-connect-timeout", 2.0, kind=Kind.DURATION, help="outbound HTTP connect timeout"
-    )
-    http_client_request_timeout: float = flag(
-        "http-client-request-timeout", 5.0, kind=Kind.DURATION, help="outbound HTTP request timeout"
-    )
+    http_client_connect_timeout: float = http_client_connect_timeout_flag()
+    http_client_request_timeout: float = http_client_request_timeout_flag()
     topology_region: str = flag(
         "topology-region", "", kind=Kind.STRING, help="region of this nsqd (experimental)"
     )

@@ -16,7 +16,10 @@ from nsqpy.common.goflags import (
     OptionsError,
     ParseResult,
     flag,
+    log_level_flag,
+    log_prefix_flag,
     parse_args,
+    verbose_flag,
 )
 
 __all__ = ["LogLevel", "Options", "parse_nsqlookupd_args", "validate"]
@@ -26,20 +29,9 @@ __all__ = ["LogLevel", "Options", "parse_nsqlookupd_args", "validate"]
 class Options:
     """Everything nsqlookupd can be configured with; durations are float seconds."""
 
-    log_level: LogLevel = flag(
-        "log-level",
-        LogLevel.INFO,
-        kind=Kind.VALUE,
-        parse=LogLevel.parse,
-        show=lambda level: level.name,
-        help="set log verbosity: debug, info, warn, error, or fatal",
-    )
-    log_prefix: str = flag(
-        "log-prefix", "[nsqlookupd] ", kind=Kind.STRING, help="log message prefix"
-    )
-    verbose: bool = flag(
-        "verbose", False, kind=Kind.BOOL, cfg="", help="[deprecated] has no effect, use --log-level"
-    )
+    log_level: LogLevel = log_level_flag()
+    log_prefix: str = log_prefix_flag("[nsqlookupd] ")
+    verbose: bool = verbose_flag()
     tcp_address: str = flag(
         "tcp-address",
         "0.0.0.0:4160",
