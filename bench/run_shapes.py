@@ -263,9 +263,17 @@ def startup_once(cmd: list[str]) -> tuple[float, float]:
         shutil.rmtree(data_path, ignore_errors=True)
 
 
-def startup_seconds(cmd: list[str], runs: int) -> tuple[list[float], list[float]]:
-    walls, cpus = zip(*(startup_once(cmd) for _ in range(runs)), strict=True)
-    return sorted(walls), sorted(cpus)
+def startup_seconds(cmds: list[list[str]], runs: int) -> list[tuple[list[float], list[float]]]:
+    """Per nsqd, the sorted wall and CPU seconds of ``runs`` start-ups, the nsqds taking
+    turns so that a busy moment of the machine does not favour one."""
+    walls: list[list[float]] = [[] for _ in cmds]
+    cpus: list[list[float]] = [[] for _ in cmds]
+    for _ in range(runs):
+        for i, cmd in enumerate(cmds):
+            wall, cpu = startup_once(cmd)
+            walls[i].append(wall)
+            cpus[i].append(cpu)
+    return [(sorted(w), sorted(c)) for w, c in zip(walls, cpus, strict=True)]
 
 
 def rss_per_queued(cmd: list[str], count: int, size: int = 200, batch: int = 200) -> float:
@@ -391,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         print_table(labels, shapes, runs)
         if args.startup_runs > 0:
             print()
-            for label, cmd in zip(labels, cmds, strict=True):
-                times, cpus = startup_seconds(cmd, args.startup_runs)
+            figures = startup_seconds(cmds, args.startup_runs)
+            for label, (times, cpus) in zip(labels, figures, strict=True):
                 print(
                     f"start-up {label:<14} median {median(times):.3f}s "
                     f"(min {times[0]:.3f}s, max {times[-1]:.3f}s, {len(times)} runs), "
