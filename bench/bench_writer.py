@@ -9,6 +9,10 @@ Each worker is its own process with one TCP connection (Go runs GOMAXPROCS
 goroutines). A worker sends the magic, IDENTIFY, then loops: one pre-encoded
 MPUB of ``--batch-size`` messages of ``--size`` bytes, wait for its ``OK``.
 
+``--mode`` (not in Go's tool) picks other publishers: ``pub`` sends one ``PUB``
+per round trip (pynsq's and go-nsq's ``Publish``), ``http`` one ``POST /pub``
+per request on a keep-alive connection to ``--nsqd-http-address``.
+
 Output, like Go's (``log`` prefix, stderr)::
 
     [bench_writer] 2024/01/02 15:04:05 duration: 10.000213s - 38.147mb/s - 200000.000ops/s - 5.000us/op
@@ -19,9 +23,11 @@ plus one JSON line on stdout for scripts (``run_bench.py``).
 from __future__ import annotations
 
 import argparse
+import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
 from typing import TYPE_CHECKING, Any
@@ -34,6 +40,7 @@ from _benchlib import (
     parse_args,
     report,
     run_workers,
+    split_hostport,
 )
 
 if TYPE_CHECKING:
@@ -51,6 +58,20 @@ def mpub_command(topic: str, size: int, batch_size: int) -> bytes:
     return b"MPUB " + topic.encode() + b"\n" + struct.pack(">i", len(payload)) + payload
 
 
+def pub_command(topic: str, size: int) -> bytes:
+    """``PUB <topic>\n[size][body]``, built once."""
+    return b"PUB " + topic.encode() + b"\n" + struct.pack(">i", size) + bytes(size)
+
+
+def http_pub_request(host: str, port: int, topic: str, size: int) -> bytes:
+    """``POST /pub?topic=<topic>`` with a ``size``-byte body, keep-alive."""
+    head = (
+        f"POST /pub?topic={topic} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Length: {size}\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
+    return head.encode() + bytes(size)
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     host: str
@@ -59,6 +80,45 @@ class WorkerConfig:
     size: int
     batch_size: int
     runfor_ns: int
+    mode: str = "mpub"
+    http_host: str = ""
+    http_port: int = 0
+
+
+def open_publisher(cfg: WorkerConfig) -> tuple[socket.socket, bytes, int, Callable[[bytes], None]]:
+    """The connection of ``cfg.mode``, the request sent again and again, the messages
+    per request, and the check of a reply that is not just the ``OK`` frame."""
+    if cfg.mode == "http":
+        sock = socket.create_connection((cfg.http_host, cfg.http_port), timeout=5.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        request = http_pub_request(cfg.http_host, cfg.http_port, cfg.topic, cfg.size)
+
+        def check_http(reply: bytes) -> None:
+            while not reply.endswith(b"\r\n\r\nOK") and len(reply) < 8192:
+                more = sock.recv(65536)  # headers and body may come apart
+                if not more:
+                    raise ProtocolError("connection closed by server")
+                reply += more
+            if not reply.startswith(b"HTTP/1.1 200 ") or not reply.endswith(b"\r\n\r\nOK"):
+                raise ProtocolError(f"unexpected reply to POST /pub: {reply[:200]!r}")
+
+        return sock, request, 1, check_http
+    sock, reader = connect(cfg.host, cfg.port, "writer")
+    if cfg.mode == "pub":
+        request, batch = pub_command(cfg.topic, cfg.size), 1
+    else:
+        request, batch = mpub_command(cfg.topic, cfg.size, cfg.batch_size), cfg.batch_size
+
+    def check_v2(reply: bytes) -> None:
+        # rare path: a split reply, a heartbeat before the OK, or an error
+        if not reply:
+            raise ProtocolError("connection closed by server")
+        reader.buf += reply
+        reader.expect_ok(cfg.mode.upper())
+        if reader.buf:
+            raise ProtocolError(f"unexpected extra data after OK: {bytes(reader.buf)!r}")
+
+    return sock, request, batch, check_v2
 
 
 def pub_worker(
@@ -70,13 +130,11 @@ def pub_worker(
     result_q: mp.Queue[tuple[Any, ...]],
 ) -> None:
     try:
-        sock, reader = connect(cfg.host, cfg.port, "writer")
+        sock, request, batch, check = open_publisher(cfg)
         sock.settimeout(None)
     except (OSError, ProtocolError) as exc:
         ready_q.put(("error", idx, f"worker {idx}: {exc}"))
         return
-    mpub = mpub_command(cfg.topic, cfg.size, cfg.batch_size)
-    batch = cfg.batch_size
     ready_q.put(("ready", idx))
     go.wait()
 
@@ -88,16 +146,10 @@ def pub_worker(
     clock = time.monotonic_ns
     try:
         while True:
-            sendall(mpub)
+            sendall(request)
             reply = recv(65536)
             if reply != OK_FRAME:
-                # rare path: a split reply, a heartbeat before the OK, or an error
-                if not reply:
-                    raise ProtocolError("connection closed by server")
-                reader.buf += reply
-                reader.expect_ok("MPUB")
-                if reader.buf:
-                    raise ProtocolError(f"unexpected extra data after OK: {bytes(reader.buf)!r}")
+                check(reply)
             count += batch
             if clock() >= end_ns:
                 break
@@ -113,19 +165,43 @@ def pub_worker(
 def _own_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default="sub_bench", help="topic to publish to")
     p.add_argument("--batch-size", type=int, default=200, help="batch size of messages")
+    p.add_argument(
+        "--mode",
+        choices=("mpub", "pub", "http"),
+        default="mpub",
+        help="mpub (Go's tool), pub (one PUB per round trip) or http (one POST /pub per request)",
+    )
+    p.add_argument(
+        "--nsqd-http-address", default="127.0.0.1:4151", help="<addr>:<port> for --mode http"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p, args, run = parse_args(PROG, __doc__, argv, _own_args)
     if args.size < 1 or args.batch_size < 1 or args.workers < 1:
         p.error("--size, --batch-size and --workers must be >= 1")
-    cfg = WorkerConfig(run.host, run.port, args.topic, args.size, args.batch_size, run.runfor_ns)
+    try:
+        http_host, http_port = split_hostport(args.nsqd_http_address)
+    except ValueError as exc:
+        p.error(str(exc))
+    batch = 1 if args.mode != "mpub" else args.batch_size
+    cfg = WorkerConfig(
+        run.host,
+        run.port,
+        args.topic,
+        args.size,
+        batch,
+        run.runfor_ns,
+        args.mode,
+        http_host,
+        http_port,
+    )
     try:
         start, results = run_workers(PROG, pub_worker, cfg, run)
     except RuntimeError as exc:
         log(str(exc), PROG)
         return 1
-    report(PROG, run, start, results, {"batch_size": args.batch_size})
+    report(PROG, run, start, results, {"batch_size": batch, "mode": args.mode})
     return 0
 
 

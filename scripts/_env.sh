@@ -12,3 +12,9 @@ else
   UV=(python3 -m uv)
 fi
 "${UV[@]}" sync --frozen --quiet --python "$(command -v python3.11 || command -v python3)"
+# Bytecode for the environment and nsqpy, written once here: where PYTHONDONTWRITEBYTECODE
+# is set, nothing else writes it, and every nsqd (each test's too) would compile aiohttp and
+# nsqpy from source again, twice the CPU of a start-up (bench/run_shapes.py measures it).
+.venv/bin/python -m compileall -q -j 0 nsqpy \
+  "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  >/dev/null 2>&1 || true

@@ -61,6 +61,9 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.nsqd import NSQD
 
 DEFAULT_OUTPUT_BUFFER_SIZE: Final = 16 * 1024
+# Pieces of output this big on average (message bodies of kilobytes) are handed to the
+# transport as they are, one writev, instead of being copied into one buffer first.
+_WRITEV_MIN_PIECE: Final = 2048
 _client_ids = itertools.count(1)
 
 
@@ -569,7 +572,11 @@ class ClientV2(asyncio.Protocol):
         if not out or self._closed or self.transport is None:
             return
         self._out = []
+        big_pieces = self._out_bytes >= _WRITEV_MIN_PIECE * len(out)
         self._out_bytes = 0
+        if big_pieces and self._encoder is None:
+            self.transport.writelines(out)
+            return
         data = out[0] if len(out) == 1 else b"".join(out)
         if self._encoder is not None:
             data = self._encoder(data)  # snappy or deflate: one frame or flush per write

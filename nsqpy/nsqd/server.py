@@ -19,11 +19,11 @@ from nsqpy.nsqd.metadata import DataDirLock
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.protocol_v2 import ClientV2
-from nsqpy.nsqd.statsd import StatsdPusher
 from nsqpy.nsqd.tls import build_client_tls_context, build_tls_context
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.http_api import NSQDHTTPServer
+    from nsqpy.nsqd.statsd import StatsdPusher
 
 
 class NSQDServer:
@@ -108,6 +108,8 @@ class NSQDServer:
             self.http = NSQDHTTPServer(self)
             await self.http.start()
         if self.opts.statsd_address:  # Go pushes to statsd whether or not HTTP is on
+            from nsqpy.nsqd.statsd import StatsdPusher  # loaded only when configured
+
             self.statsd = StatsdPusher.for_engine(
                 self.nsqd, self.opts, self.http.port if self.http is not None else 0, self.logger
             )

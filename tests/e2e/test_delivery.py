@@ -344,6 +344,19 @@ def test_large_message_round_trip(connect: Connect, topic: str) -> None:
     assert client.read_message(timeout=10.0).body == body
 
 
+def test_kilobyte_bodies_mixed_with_small_ones_arrive_whole_and_in_order(
+    connect: Connect, topic: str
+) -> None:
+    """Output of big bodies goes out as separate pieces (writev): frames stay whole."""
+    client = connect()
+    client.sub(topic, "ch")
+    sent = [bytes([i]) * (10_240 if i % 3 else 7) for i in range(30)]
+    connect().mpub(topic, sent)
+    client.rdy(30)  # the whole batch in one flush
+    msgs = client.read_messages(30, timeout=10.0)
+    assert [m.body for m in msgs] == sent
+
+
 # -- ephemeral and overflow ---------------------------------------------------------------------------
 
 
