@@ -141,6 +141,8 @@ def test_channel_page(cluster: Cluster, admin: ServerProcess, new_page: NewPage)
     expect(page.locator('[data-tile="in_flight"] .tile-value')).to_have_text("2")
     expect(page.locator('[data-tile="depth"] .tile-value')).to_have_text("6")
     expect(page.locator('[data-tile="connections"] .tile-value')).to_have_text("1")
+    # Go master's delivery counters: without the topology experiment every delivery is global
+    expect(page.locator('[data-tile="locality"] .tile-value')).to_have_text("0 / 0 / 2")
     expect(page.locator("#channel-nodes tbody tr")).to_have_count(2)
     client = page.locator("#channel-clients tbody tr")
     expect(client).to_have_count(1)
