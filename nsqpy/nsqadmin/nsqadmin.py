@@ -10,6 +10,7 @@ import ssl
 from aiohttp import web
 
 from nsqpy.common.goflags import OptionsError, version_string
+from nsqpy.common.gotls import go_client_context
 from nsqpy.common.log import Logger
 from nsqpy.nsqadmin.clusterinfo import ClusterInfo, HTTPClient
 from nsqpy.nsqadmin.history import History, Sampler
@@ -29,7 +30,7 @@ def client_ssl_context(opts: Options) -> ssl.SSLContext | None:
     ):
         return None
     try:
-        ctx = ssl.create_default_context(cafile=opts.http_client_tls_root_ca_file or None)
+        ctx = go_client_context(opts.http_client_tls_root_ca_file or None)
     except (OSError, ssl.SSLError) as err:
         raise OptionsError(
             f"failed to read TLS root CA file {opts.http_client_tls_root_ca_file} - {err}"
