@@ -17,7 +17,7 @@ import {
   button,
   runAction,
 } from "../ui.js";
-import { e2e, hasE2E, lastValue, nodeLink } from "./common.js";
+import { e2e, hasE2E, lastValue, nodeLink, topologyBadges, topologyLabel } from "./common.js";
 
 function actions(channel) {
   if (!config.isAdmin) return "";
@@ -30,13 +30,6 @@ function actions(channel) {
 const LOCALITY = ["zone_local_msg_count", "region_local_msg_count", "global_msg_count"];
 const hasLocality = (rows) => rows.some((c) => LOCALITY.some((k) => c[k] > 0));
 const locality = (c) => html`${LOCALITY.map((k, i) => html`${i ? " / " : ""}<span data-count="${k}">${num(c[k] || 0)}</span>`)}`;
-
-function nodeTopology(c) {
-  const out = [];
-  if (c.node_topology_region) out.push(badge(`region ${c.node_topology_region}`));
-  if (c.node_topology_zone) out.push(badge(`zone ${c.node_topology_zone}`));
-  return out.length ? html` <span class="badges">${out}</span>` : "";
-}
 
 function nodesTable(channel) {
   const nodes = channel.nodes || [];
@@ -74,8 +67,7 @@ function attributes(c) {
   if (c.deflate) out.push(badge("deflate"));
   if (c.sample_rate > 0) out.push(badge(`sampled ${c.sample_rate}%`));
   if (c.authed) out.push(badge(c.auth_identity ? `auth: ${c.auth_identity}` : "authed", "success"));
-  if (c.topology_region) out.push(badge(`region ${c.topology_region}`));
-  if (c.topology_zone) out.push(badge(`zone ${c.topology_zone}`));
+  out.push(...topologyBadges(c.topology_region, c.topology_zone));
   return out.length ? html`<span class="badges">${out}</span>` : html`<span class="muted">–</span>`;
 }
 
@@ -88,7 +80,7 @@ function clientsTable(channel) {
         <span class="muted host-sub">${c.remote_address}</span></td>
       <td class="ua">${c.user_agent || html`<span class="muted">${c.version}</span>`}</td>
       <td>${attributes(c)}</td>
-      <td>${nodeLink(c.node)}${nodeTopology(c)}</td>
+      <td>${nodeLink(c.node)}${topologyLabel(c.node_topology_region, c.node_topology_zone)}</td>
       <td class="num" data-col="ready">${num(c.ready_count)}</td>
       <td class="num" data-col="in_flight">${num(c.in_flight_count)}</td>
       <td class="num" data-col="finished">${num(c.finish_count)}</td>
