@@ -94,6 +94,8 @@ def test_over_go_limits_gets_431_and_close(servers: dict[str, str], name: str) -
     assert _exchange(address, _ping(headers=one_header)) == TOO_LARGE
     many_headers = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(1100))
     assert _exchange(address, _ping(headers=many_headers)) == TOO_LARGE
+    long_target = b"/ping?pad=" + b"p" * ((1 << 20) + 8192)
+    assert _exchange(address, _ping(target=long_target)) == TOO_LARGE
     # the server is fine afterwards
     assert _status(_exchange(address, _ping())) == 200
 
