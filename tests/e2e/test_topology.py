@@ -77,7 +77,7 @@ def _run(
 
 
 def _clients(server: ServerProcess, topic: str) -> list[dict[str, Any]]:
-    return _channel(server, topic)["clients"] or []  # type: ignore[no-any-return]
+    return _channel(server, topic)["clients"] or []
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 5.0) -> None:

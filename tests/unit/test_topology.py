@@ -9,7 +9,7 @@ from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.topology import GLOBAL, REGION_LOCAL, ZONE_LOCAL, client_counts, locality
 from tests.unit.test_engine import FakeConsumer, fin, make_nsqd, pub, rdy
 
-EXPERIMENT = {"experiments": ["topology-aware-consumption"]}
+EXPERIMENT: dict[str, Any] = {"experiments": ["topology-aware-consumption"]}
 
 
 class Placed(FakeConsumer):
