@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
+from nsqpy.client._config import tls_context_from_go
 from tests.support.procs import ServerProcess
 from tests.support.pynsq_client import pynsq_round_trip
 from tests.support.rawclient import ConnectionClosed
@@ -383,6 +384,18 @@ def test_1024_bit_rsa_sha1_certificate_and_tls10_client(
     modern.negotiate(tls=old_client_context(cert, ssl.TLSVersion.TLSv1_2))
     modern.pub(topic, b"x")
     modern.close()
+
+
+def test_go_style_client_options_take_the_1024_bit_certificate(
+    nsqd_factory: NsqdFactory, tmp_path: Path, topic: str
+) -> None:
+    # the tools' --producer-opt/--consumer-opt tls_* options (go-nsq's), verifying the peer
+    cert, key = weak_rsa_sha1_pair(tmp_path)
+    server = nsqd_factory(tls_cert=cert, tls_key=key)
+    client = SecureClient(server.tcp_address)
+    client.negotiate(tls=tls_context_from_go({"tls_root_ca_file": cert}))
+    client.pub(topic, b"verified")
+    client.close()
 
 
 def test_tls_min_version_tls11_refuses_tls10(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
