@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from nsqpy import NSQ_VERSION
+from nsqpy.common.gojson import encode_json
 from nsqpy.nsqd.auth import AuthClient, AuthError, AuthState, auth_reply
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.channel import Channel, ChannelError, InFlight
@@ -707,7 +708,7 @@ class ClientV2(asyncio.Protocol):
             "topology_region": opts.topology_region,
             "topology_zone": opts.topology_zone,
         }
-        self._respond(encode_response(json.dumps(reply, separators=(",", ":")).encode()))
+        self._respond(encode_response(encode_json(reply)))  # Go's escaping of the topology
         if tls_v1 or snappy or deflate:
             # The JSON goes out in the clear; nothing is read until the upgrades are done.
             # (A PUB pipelined before this IDENTIFY is acknowledged without waiting for a

@@ -142,3 +142,14 @@ def test_without_the_experiment_an_even_spread(
     assert all(80 <= n <= 120 for n in got.values()), got
     assert channel["global_msg_count"] == TOTAL
     assert "zone_local_msg_count" not in channel and "region_local_msg_count" not in channel
+
+
+def test_identify_reply_escapes_the_topology_as_go(
+    nsqd_factory: Callable[..., ServerProcess],
+) -> None:
+    server = nsqd_factory(topology_zone="z<é>&", topology_region="r")
+    with RawClient(server.tcp_address) as c:
+        data = c.identify_ok(feature_negotiation=True).data
+    assert data.endswith(
+        b',"topology_region":"r","topology_zone":"z\\u003c\xc3\xa9\\u003e\\u0026"}'
+    )
