@@ -56,6 +56,7 @@ class GoRequestHandler(RequestHandler):
             return  # read and dropped until the connection closes
         body = self._body
         if body is None or body.is_eof():
+            self._body = None  # not kept past its end
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEADER_BYTES:
                 self._refuse()
