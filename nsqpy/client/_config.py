@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 
 import nsqpy
 from nsqpy.common.goflags import parse_duration, parse_go_bool, parse_go_float, parse_go_int
+from nsqpy.common.gotls import go_client_context
 
 __all__ = [
     "Config",
@@ -280,7 +281,7 @@ def _duration(text: str) -> float:
 def tls_context_from_go(tls: Mapping[str, str]) -> ssl.SSLContext:
     """An SSL context from go-nsq's tls_root_ca_file / tls_insecure_skip_verify / tls_cert /
     tls_key / tls_min_version options."""
-    ctx = ssl.create_default_context(cafile=tls.get("tls_root_ca_file") or None)
+    ctx = go_client_context(tls.get("tls_root_ca_file") or None)
     if parse_go_bool(tls.get("tls_insecure_skip_verify", "false")):
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

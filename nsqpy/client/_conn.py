@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 import struct
 import threading
 from collections import deque
@@ -32,6 +31,7 @@ from nsqpy.client._errors import (
     NSQTimeoutError,
 )
 from nsqpy.client._message import Message
+from nsqpy.common.gotls import go_client_context
 from nsqpy.wire.compression import (
     CompressionError,
     DeflateStreamDecoder,
@@ -239,7 +239,7 @@ class Conn(asyncio.Protocol):
             raise NSQProtocolError("unexpected data before the TLS handshake")
         assert self._loop is not None and self._transport is not None
         cfg = self.config
-        ctx = cfg.tls_context or ssl.create_default_context()
+        ctx = cfg.tls_context or go_client_context()
         self._held = False
         new = await self._loop.start_tls(
             self._transport,

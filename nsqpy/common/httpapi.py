@@ -21,6 +21,7 @@ from aiohttp import web
 
 from nsqpy.common.goflags import format_duration_ns
 from nsqpy.common.gojson import encode_json
+from nsqpy.common.httplimits import GoServer
 from nsqpy.common.log import Logger
 from nsqpy.common.net import format_address
 from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
@@ -284,9 +285,10 @@ async def server_runner(
     handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
 ) -> web.ServerRunner:
     """aiohttp's low-level server for ``handler``, set up: no access log, no signal
-    handling (the app owns SIGINT/SIGTERM), a second to close the connections."""
+    handling (the app owns SIGINT/SIGTERM), a second to close the connections, and Go's
+    request size limits (httplimits.py)."""
     runner = web.ServerRunner(
-        web.Server(handler, access_log=None), handle_signals=False, shutdown_timeout=1.0
+        GoServer(handler, access_log=None), handle_signals=False, shutdown_timeout=1.0
     )
     await runner.setup()
     return runner

@@ -428,6 +428,12 @@ class ClusterInfo:
             if channel:
                 for t in topics:
                     t.channels = [c for c in t.channels if c.channel_name == channel]
+            if producer.topology_zone or producer.topology_region:
+                for t in topics:
+                    for c in t.channels:
+                        for client in c.clients:
+                            client.doc["node_topology_region"] = producer.topology_region
+                            client.doc["node_topology_zone"] = producer.topology_zone
             memory = doc.get("memory") if isinstance(doc, dict) else None
             return NodeStats(producer, topics, memory if isinstance(memory, dict) else None)
 

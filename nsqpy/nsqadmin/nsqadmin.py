@@ -10,6 +10,8 @@ import ssl
 from aiohttp import web
 
 from nsqpy.common.goflags import OptionsError, version_string
+from nsqpy.common.gotls import go_client_context
+from nsqpy.common.httplimits import GoAppRunner
 from nsqpy.common.log import Logger
 from nsqpy.nsqadmin.clusterinfo import ClusterInfo, HTTPClient
 from nsqpy.nsqadmin.history import History, Sampler
@@ -29,7 +31,7 @@ def client_ssl_context(opts: Options) -> ssl.SSLContext | None:
     ):
         return None
     try:
-        ctx = ssl.create_default_context(cafile=opts.http_client_tls_root_ca_file or None)
+        ctx = go_client_context(opts.http_client_tls_root_ca_file or None)
     except (OSError, ssl.SSLError) as err:
         raise OptionsError(
             f"failed to read TLS root CA file {opts.http_client_tls_root_ca_file} - {err}"
@@ -95,7 +97,7 @@ class NSQAdmin:
             sock = self._listen()
         except (OSError, ValueError) as err:
             raise OptionsError(f"listen ({self.opts.http_address}) failed - {err}") from None
-        self._runner = web.AppRunner(self.http.make_app(), access_log=None, handle_signals=False)
+        self._runner = GoAppRunner(self.http.make_app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.SockSite(self._runner, sock)
         await site.start()

@@ -314,6 +314,8 @@ class ClientStats:
             "authed": self.doc["authed"],
             "auth_identity": self.doc["auth_identity"],
             "auth_identity_url": self.doc["auth_identity_url"],
+            # the nsqd's own topology, next to the client's (Go master, omitempty)
+            **{k: self.doc[k] for k in _NODE_TOPOLOGY if self.doc.get(k)},
             "topology_zone": self.doc["topology_zone"],
             "topology_region": self.doc["topology_region"],
             "tls": self.doc["tls"],
@@ -324,11 +326,17 @@ class ClientStats:
         }
 
 
+_NODE_TOPOLOGY = ("node_topology_region", "node_topology_zone")
+
+
 def _host_order(node: str, hostname: str) -> tuple[str, str]:
     return (hostname, node)
 
 
 # --------------------------------------------------------------------------- channels
+
+
+_LOCALITY_COUNTS = ("zone_local_msg_count", "region_local_msg_count", "global_msg_count")
 
 
 @dataclass
@@ -347,6 +355,10 @@ class ChannelStats:
     requeue_count: int = 0
     timeout_count: int = 0
     message_count: int = 0
+    # topology-aware consumption's delivery counters (Go master, omitted when zero)
+    zone_local_msg_count: int = 0
+    region_local_msg_count: int = 0
+    global_msg_count: int = 0
     client_count: int = 0
     paused: bool = False
     nodes: list[ChannelStats] = field(default_factory=list)
@@ -374,6 +386,9 @@ class ChannelStats:
             requeue_count=_int(doc, "requeue_count"),
             timeout_count=_int(doc, "timeout_count"),
             message_count=_int(doc, "message_count"),
+            zone_local_msg_count=_int(doc, "zone_local_msg_count"),
+            region_local_msg_count=_int(doc, "region_local_msg_count"),
+            global_msg_count=_int(doc, "global_msg_count"),
             client_count=client_count,
             paused=_bool(doc, "paused"),
             clients=clients,
@@ -402,6 +417,9 @@ class ChannelStats:
         self.requeue_count += other.requeue_count
         self.timeout_count += other.timeout_count
         self.message_count += other.message_count
+        self.zone_local_msg_count += other.zone_local_msg_count
+        self.region_local_msg_count += other.region_local_msg_count
+        self.global_msg_count += other.global_msg_count
         self.client_count += other.client_count
         self.paused = self.paused or other.paused
         self.nodes.append(other)
@@ -424,6 +442,7 @@ class ChannelStats:
             "requeue_count": self.requeue_count,
             "timeout_count": self.timeout_count,
             "message_count": self.message_count,
+            **{k: getattr(self, k) for k in _LOCALITY_COUNTS if getattr(self, k)},
             "client_count": self.client_count,
             "nodes": [n.to_json() for n in self.nodes],
             "clients": [c.to_json() for c in self.clients],

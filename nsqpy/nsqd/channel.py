@@ -16,11 +16,13 @@ import random
 import struct
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, requeued, to_payload
+from nsqpy.nsqd.topology import preference_for
 from nsqpy.wire.names import is_ephemeral
 from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER, MESSAGE_HEADER
 
@@ -76,6 +78,7 @@ class Channel:
         "requeue_count",
         "timeout_count",
         "topic_name",
+        "topology",
     )
 
     def __init__(self, topic_name: str, name: str, nsqd: NSQD, backend: BackendQueue) -> None:
@@ -100,6 +103,8 @@ class Channel:
         self.timeout_count = 0
         self.delivery_count = 0  # every delivery, first or not (Go master's global_msg_count)
         self.e2e: E2EStream | None = nsqd.new_e2e_stream()
+        # Topology-aware consumption (topology.py): None unless the experiment is on.
+        self.topology = preference_for(nsqd.opts)
         # Message ID → due time (unix ns) of deferred messages written to the backend at the
         # last exit (metadata.py): they are deferred again when read back.
         self.redefer: dict[bytes, int] | None = None
@@ -210,6 +215,9 @@ class Channel:
         if self.paused or not self.clients:
             return
         clients = self.clients
+        if self.topology is not None:  # zone-local consumers first, then region-local
+            self.topology.dispatch(clients, self._dispatch_pass)
+            return
         if len(clients) == 1:
             self._dispatch_pass(0)
             return
@@ -222,13 +230,14 @@ class Channel:
             if not self._dispatch_pass(share) or not share:
                 return
 
-    def _dispatch_pass(self, share: int) -> int:
-        """One round over the consumers, each taking up to ``share`` (0: all it has room for)."""
+    def _dispatch_pass(self, share: int, order: Sequence[Consumer] | None = None) -> int:
+        """One round over the consumers (or over ``order``, first to last), each taking up
+        to ``share`` (0: all it has room for)."""
         memory = self._memory
-        clients = self.clients
+        clients = self.clients if order is None else order
         n = len(clients)
         backend = self._backend
-        start = self._next
+        start = self._next if order is None else 0
         pack = MESSAGE_FRAME_HEADER.pack
         now = 0.0
         delivered = 0

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from nsqpy import NSQ_VERSION
+from nsqpy.common.gojson import encode_json
 from nsqpy.nsqd.auth import AuthClient, AuthError, AuthState, auth_reply
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.channel import Channel, ChannelError, InFlight
@@ -30,6 +31,7 @@ from nsqpy.nsqd.tls import (
     peer_common_name,
     tls_version_name,
 )
+from nsqpy.nsqd.topology import GLOBAL, locality
 from nsqpy.wire.compression import (
     CompressionError,
     DeflateStreamDecoder,
@@ -120,6 +122,9 @@ class ClientV2(asyncio.Protocol):
         self.client_id = ""
         self.hostname = ""
         self.user_agent = ""
+        self.topology_zone = ""
+        self.topology_region = ""
+        self.locality = GLOBAL  # topology.py: fixed by IDENTIFY
         self.remote_address = ""
         self.connect_ts = int(time.time())
         self.heartbeat_interval: float = opts.client_timeout / 2
@@ -667,6 +672,9 @@ class ClientV2(asyncio.Protocol):
         self.client_id = fields.get_str("client_id") or self.client_id
         self.hostname = fields.get_str("hostname") or self.hostname
         self.user_agent = fields.get_str("user_agent")
+        self.topology_zone = fields.get_str("topology_zone")
+        self.topology_region = fields.get_str("topology_region")
+        self.locality = locality(opts, self.topology_zone, self.topology_region)
         try:
             self._set_heartbeat_interval(fields.get_int("heartbeat_interval"))
             self._set_output_buffer(
@@ -704,8 +712,10 @@ class ClientV2(asyncio.Protocol):
             "auth_required": bool(opts.auth_http_addresses),
             "output_buffer_size": self.output_buffer_size,
             "output_buffer_timeout": int(self.output_buffer_timeout * 1000),
+            "topology_region": opts.topology_region,
+            "topology_zone": opts.topology_zone,
         }
-        self._respond(encode_response(json.dumps(reply, separators=(",", ":")).encode()))
+        self._respond(encode_response(encode_json(reply)))  # Go's escaping of the topology
         if tls_v1 or snappy or deflate:
             # The JSON goes out in the clear; nothing is read until the upgrades are done.
             # (A PUB pipelined before this IDENTIFY is acknowledged without waiting for a

@@ -38,6 +38,7 @@ from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import format_duration_ns, version_string
 from nsqpy.common.gojson import encode_json, go_json_float
 from nsqpy.nsqd.e2e import E2EResult, E2EStream, empty_result
+from nsqpy.nsqd.topology import GLOBAL, client_counts, delivery_counts
 
 __all__ = [
     "ChannelStats",
@@ -74,6 +75,8 @@ class ClientStats(TypedDict):
     ready_count: int
     in_flight_count: int
     message_count: int
+    zone_local_msg_count: NotRequired[int]
+    region_local_msg_count: NotRequired[int]
     global_msg_count: NotRequired[int]
     finish_count: int
     requeue_count: int
@@ -102,6 +105,8 @@ class ChannelStats(TypedDict):
     in_flight_count: int
     deferred_count: int
     message_count: int
+    zone_local_msg_count: NotRequired[int]
+    region_local_msg_count: NotRequired[int]
     global_msg_count: NotRequired[int]
     requeue_count: int
     timeout_count: int
@@ -244,9 +249,11 @@ def client_stats(client: StatsClient, topic_filter: str = "") -> ClientStats:
         "in_flight_count": len(client.in_flight),
         "message_count": client.message_count,
     }
-    if client.message_count:
-        # Go master counts every delivery outside the topology experiment as global.
-        stats["global_msg_count"] = client.message_count
+    # Go master: a client's deliveries count by its topology class (topology.py); without
+    # the experiment every client is global. Written only when non-zero (omitempty).
+    _put_locality_counts(
+        stats, client_counts(getattr(client, "locality", GLOBAL), client.message_count)
+    )
     stats["finish_count"] = client.finish_count
     stats["requeue_count"] = client.requeue_count
     stats["connect_ts"] = client.connect_ts
@@ -283,9 +290,9 @@ def channel_stats(channel: _Channel, clients: list[ClientStats] | None) -> Chann
         "deferred_count": channel.deferred_count,
         "message_count": channel.message_count,
     }
-    delivered = _channel_deliveries(channel)
-    if delivered:
-        stats["global_msg_count"] = delivered
+    _put_locality_counts(
+        stats, delivery_counts(getattr(channel, "topology", None), channel.delivery_count)
+    )
     stats["requeue_count"] = channel.requeue_count
     stats["timeout_count"] = channel.timeout_count
     stats["client_count"] = len(channel.clients)
@@ -297,9 +304,13 @@ def channel_stats(channel: _Channel, clients: list[ClientStats] | None) -> Chann
     return cast(ChannelStats, stats)
 
 
-def _channel_deliveries(channel: _Channel) -> int:
-    # Go master's global_msg_count: every delivery (no topology experiment).
-    return channel.delivery_count
+def _put_locality_counts(stats: dict[str, Any], counts: tuple[int, int, int]) -> None:
+    for key, count in zip(_LOCALITY_KEYS, counts, strict=True):
+        if count:
+            stats[key] = count
+
+
+_LOCALITY_KEYS = ("zone_local_msg_count", "region_local_msg_count", "global_msg_count")
 
 
 def topic_stats(topic: _Topic, channels: list[ChannelStats], streams: Iterable[Any]) -> TopicStats:
@@ -711,8 +722,30 @@ def format_prometheus(
                     channel=cname,
                     quantile=go_json_float(p["quantile"]),
                 )
+    _locality_families(family, stats)
     _process_families(family)
     return "".join(f.render() for f in fam.values())
+
+
+def _locality_families(family: Any, stats: Stats) -> None:
+    # topology.py's per-channel delivery counters; like the JSON, only the non-zero ones.
+    helps = (
+        "Deliveries to zone-local consumers (topology-aware consumption).",
+        "Deliveries to region-local consumers (topology-aware consumption).",
+        "Deliveries to other consumers (all of them without topology-aware consumption).",
+    )
+    names = (
+        "nsq_channel_zone_local_messages_total",
+        "nsq_channel_region_local_messages_total",
+        "nsq_channel_global_messages_total",
+    )
+    for name, key, help_text in zip(names, _LOCALITY_KEYS, helps, strict=True):
+        fam = family(name, "counter", help_text)
+        for t in stats["topics"] or ():
+            for c in t["channels"]:
+                count = c.get(key, 0)
+                if count:
+                    fam.add(count, topic=t["topic_name"], channel=c["channel_name"])
 
 
 def _process_families(family: Any) -> None:

@@ -15,6 +15,7 @@ import ctypes
 import ssl
 from typing import Final, cast
 
+from nsqpy.common.gotls import accept_as_go, go_client_context
 from nsqpy.nsqd.options import Options
 from nsqpy.wire.v2 import MAX_LINE_LENGTH, Command, CommandParser, ProtocolError, wire_str
 
@@ -76,7 +77,7 @@ def build_tls_context(opts: Options) -> ssl.SSLContext | None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _MIN_VERSIONS[opts.tls_min_version]
     ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-    ctx.set_ciphers(_GO_CIPHERS)
+    accept_as_go(ctx, _GO_CIPHERS)  # 1024-bit RSA, SHA-1 certificates, TLS 1.0: as Go
     try:
         ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
     except (OSError, ssl.SSLError) as err:
@@ -100,7 +101,7 @@ def build_client_tls_context(opts: Options) -> ssl.SSLContext:
     """Go's ``buildClientTLSConfig``, for nsqd's outbound HTTPS (the auth server): server
     certificates checked against ``--tls-root-ca-file`` if given, else the system roots."""
     try:
-        ctx = ssl.create_default_context(cafile=opts.tls_root_ca_file or None)
+        ctx = go_client_context(opts.tls_root_ca_file or None)
     except (OSError, ssl.SSLError) as err:
         raise TLSConfigError(f"failed to build client TLS config - {err}") from None
     ctx.minimum_version = _MIN_VERSIONS[opts.tls_min_version]

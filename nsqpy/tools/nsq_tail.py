@@ -101,8 +101,7 @@ async def tail(opts: Options) -> int:
     stop = asyncio.Event()
     consumers = []
     for topic in opts.topics:
-        sys.stdout.write(f"Adding consumer for topic: {topic}\n")
-        sys.stdout.flush()
+        go_log(f"Adding consumer for topic: {topic}")  # stderr: stdout holds only messages
         handler = TailHandler(
             topic, opts.total_messages, opts.print_topic, sys.stdout.buffer, stop.set
         )

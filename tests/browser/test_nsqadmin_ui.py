@@ -15,8 +15,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import screenshot
-from tests.e2e.test_nsqadmin_api import Cluster, wait_until
-from tests.support.procs import ServerProcess
+from tests.e2e.test_nsqadmin_api import NSQADMIN, NSQD_WITH_HTTP, Cluster, wait_until
+from tests.support.procs import ServerPool, ServerProcess
 from tests.support.rawclient import RawClient, consumer
 
 expect.set_options(timeout=10_000)
@@ -141,6 +141,8 @@ def test_channel_page(cluster: Cluster, admin: ServerProcess, new_page: NewPage)
     expect(page.locator('[data-tile="in_flight"] .tile-value')).to_have_text("2")
     expect(page.locator('[data-tile="depth"] .tile-value')).to_have_text("6")
     expect(page.locator('[data-tile="connections"] .tile-value')).to_have_text("1")
+    # Go master's delivery counters: without the topology experiment every delivery is global
+    expect(page.locator('[data-tile="locality"] .tile-value')).to_have_text("0 / 0 / 2")
     expect(page.locator("#channel-nodes tbody tr")).to_have_count(2)
     client = page.locator("#channel-clients tbody tr")
     expect(client).to_have_count(1)
@@ -352,3 +354,38 @@ def test_base_path_and_read_only_user(
     confirm(alice, "Unpause topic")
     expect(alice.get_by_role("button", name="Pause", exact=True)).to_be_visible()
     wait_until(lambda: _nsqd_paused(cluster, "orders") == [False, False])
+
+
+def test_topology_on_channel_and_node_pages(
+    tmp_path_factory: pytest.TempPathFactory, new_page: NewPage
+) -> None:
+    """An nsqd in zone z1 / region r1 with the experiment on, one zone-local consumer."""
+    base = tmp_path_factory.mktemp("topology-ui")
+    nsqds, admins = ServerPool(NSQD_WITH_HTTP, base), ServerPool(NSQADMIN, base)
+    try:
+        nsqd = nsqds.start(
+            enable_experiment="topology-aware-consumption",
+            topology_zone="z1",
+            topology_region="r1",
+            broadcast_address="127.0.0.1",
+        )
+        node = nsqd.http_address
+        assert node
+        admin = admins.start(nsqd_http_address=node)
+        with consumer(
+            nsqd.tcp_address, "geo", "near", rdy=5, topology_zone="z1", topology_region="r1"
+        ):
+            with RawClient(nsqd.tcp_address) as producer:
+                producer.mpub("geo", [b"a", b"b", b"c"])
+            page = new_page()
+            page.goto(url(admin, "topics/geo/near"))
+            expect(page.locator('[data-tile="locality"] .tile-value')).to_have_text("3 / 0 / 0")
+            client = page.locator("#channel-clients tbody tr")
+            expect(client.locator(".badges").first).to_have_text("region r1zone z1")
+            expect(client.locator(".badges").nth(1)).to_have_text("region r1zone z1")  # its nsqd
+            screenshot(page, "channel-topology")
+            page.goto(url(admin, f"nodes/{node}"))
+            expect(page.locator(".page-title .badges")).to_have_text("region r1zone z1")
+    finally:
+        admins.stop_all()
+        nsqds.stop_all()

@@ -4,17 +4,25 @@ certificates made by trustme, raw clients on Python's ssl and the real pynsq cli
 
 from __future__ import annotations
 
+import datetime
 import json
 import ssl
 import urllib.request
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trustme
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.x509.oid import NameOID
 
+from nsqpy.client._config import tls_context_from_go
 from tests.support.procs import ServerProcess
 from tests.support.pynsq_client import pynsq_round_trip
 from tests.support.rawclient import ConnectionClosed
@@ -288,6 +296,128 @@ def test_tls_min_version(nsqd_factory: NsqdFactory, certs: Certs, topic: str) ->
     [entry] = client_stats(server, topic)
     assert entry["tls_version"] == "Unknown 772"  # Go's GetVersion has no TLS 1.3 name
     client.close()
+
+
+# -- material Go accepts (asyncnsq's suite: 1024-bit RSA, SHA-1, self-signed) ----------------
+
+
+def _der(tag: int, content: bytes) -> bytes:
+    n = len(content)
+    if n < 0x80:
+        return bytes([tag, n]) + content
+    size = n.to_bytes((n.bit_length() + 7) // 8, "big")
+    return bytes([tag, 0x80 | len(size)]) + size + content
+
+
+def weak_rsa_sha1_pair(path: Path) -> tuple[str, str]:
+    """A self-signed 1024-bit RSA certificate signed with SHA-1, as (cert, key) paths.
+
+    cryptography no longer signs certificates with SHA-1, so the certificate is signed
+    with SHA-256 and then re-signed by hand: the two signature algorithm identifiers have
+    the same DER length, so the TBS part only has one OID byte changed."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    modern = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ip_address("127.0.0.1"))]), False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    sha256_rsa = bytes.fromhex("06092a864886f70d01010b")  # 1.2.840.113549.1.1.11
+    sha1_rsa = bytes.fromhex("06092a864886f70d010105")  # 1.2.840.113549.1.1.5
+    tbs = modern.tbs_certificate_bytes
+    assert tbs.count(sha256_rsa) == 1
+    tbs = tbs.replace(sha256_rsa, sha1_rsa)
+    signature = key.sign(tbs, padding.PKCS1v15(), hashes.SHA1())
+    der = _der(0x30, tbs + _der(0x30, sha1_rsa + b"\x05\x00") + _der(0x03, b"\x00" + signature))
+    cert = x509.load_der_x509_certificate(der)
+    assert cert.signature_algorithm_oid == x509.SignatureAlgorithmOID.RSA_WITH_SHA1
+    assert isinstance(cert.signature_hash_algorithm, hashes.SHA1)
+    cert_path, key_path = path / "weak.pem", path / "weak.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_path), str(key_path)
+
+
+def old_client_context(ca: str, version: ssl.TLSVersion) -> ssl.SSLContext:
+    """A client speaking only ``version``, trusting ``ca``, at OpenSSL's security level 0."""
+    ctx = client_context(ca)
+    ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    with warnings.catch_warnings():  # ssl.TLSVersion.TLSv1/TLSv1_1 are deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.minimum_version = ctx.maximum_version = version
+    return ctx
+
+
+def test_1024_bit_rsa_sha1_certificate_and_tls10_client(
+    nsqd_factory: NsqdFactory, tmp_path: Path, topic: str
+) -> None:
+    cert, key = weak_rsa_sha1_pair(tmp_path)
+    server = nsqd_factory(tls_cert=cert, tls_key=key, tls_min_version="tls1.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        tls10 = ssl.TLSVersion.TLSv1
+    old = SecureClient(server.tcp_address)
+    old.negotiate(tls=old_client_context(cert, tls10))
+    assert old.ssl_version == "TLSv1"
+    old.sub(topic, "ch")
+    [entry] = client_stats(server, topic)
+    assert (entry["tls"], entry["tls_version"]) == (True, "TLS1.0")
+    assert entry["tls_cipher_suite"] == "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA"
+    old.close()
+    # a current client (TLS 1.2+) is served by the same certificate
+    modern = SecureClient(server.tcp_address)
+    modern.negotiate(tls=old_client_context(cert, ssl.TLSVersion.TLSv1_2))
+    modern.pub(topic, b"x")
+    modern.close()
+
+
+def test_go_style_client_options_take_the_1024_bit_certificate(
+    nsqd_factory: NsqdFactory, tmp_path: Path, topic: str
+) -> None:
+    # the tools' --producer-opt/--consumer-opt tls_* options (go-nsq's), verifying the peer
+    cert, key = weak_rsa_sha1_pair(tmp_path)
+    server = nsqd_factory(tls_cert=cert, tls_key=key)
+    client = SecureClient(server.tcp_address)
+    client.negotiate(tls=tls_context_from_go({"tls_root_ca_file": cert}))
+    client.pub(topic, b"verified")
+    client.close()
+
+
+def test_tls_min_version_tls11_refuses_tls10(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:
+    cert, key = weak_rsa_sha1_pair(tmp_path)
+    server = nsqd_factory(tls_cert=cert, tls_key=key, tls_min_version="tls1.1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        tls10, tls11 = ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1
+    assert_refused(SecureClient(server.tcp_address), old_client_context(cert, tls10))
+    client = SecureClient(server.tcp_address)
+    client.negotiate(tls=old_client_context(cert, tls11))
+    assert client.ssl_version == "TLSv1.1"
+    client.close()
+
+
+def test_key_not_matching_the_certificate_is_fatal(
+    nsqd_factory: NsqdFactory, certs: Certs, tmp_path: Path
+) -> None:
+    _, other_key = weak_rsa_sha1_pair(tmp_path)
+    server = nsqd_factory(tls_cert=certs.server_cert, tls_key=other_key, wait=False)
+    assert server.wait(15) == 1
+    assert "FATAL: failed to instantiate nsqd - failed to build TLS config" in server.log_text()
 
 
 def test_bad_certificate_path_fails_at_start(nsqd_factory: NsqdFactory, tmp_path: Path) -> None:

@@ -162,6 +162,7 @@ def test_to_nsq_publishes_stdin_to_every_nsqd(cluster: Cluster) -> None:
         stdin=b"one,two,,three",
     )
     assert result.returncode == 0, result.stderr
+    assert result.stdout == b""
     for address in (a, b):
         assert sorted(consume(address, "to_nsq_t", 3)) == [b"one", b"three", b"two"]
     rated = run_tool(
@@ -189,11 +190,18 @@ def test_nsq_tail_counts_n_per_topic(cluster: Cluster) -> None:
         "--print-topic",
     )
     assert result.returncode == 0, result.stderr
+    # standard output holds the messages and nothing else (pipe it into jq, a file...)
     lines = result.stdout.decode().splitlines()
-    assert lines[:2] == ["Adding consumer for topic: tail_a", "Adding consumer for topic: tail_b"]
-    a_lines = [line for line in lines[2:] if line.startswith("tail_a | ")]
+    a_lines = [line for line in lines if line.startswith("tail_a | ")]
     assert a_lines == ["tail_a | a1", "tail_a | a2", "tail_a | a3"]
-    assert set(lines[2:]) - set(a_lines) <= {"tail_b | b1"}
+    assert set(lines) - set(a_lines) <= {"tail_b | b1"}
+    # Go logs the consumers it adds: standard error, with the log prefix
+    logged = re.findall(
+        rb"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d Adding consumer for topic: (\w+)$",
+        result.stderr,
+        re.MULTILINE,
+    )
+    assert logged == [b"tail_a", b"tail_b"]
 
 
 def test_nsq_tail_with_lookupd(cluster: Cluster) -> None:
@@ -208,7 +216,8 @@ def test_nsq_tail_with_lookupd(cluster: Cluster) -> None:
     )
     assert result.returncode == 0, result.stderr
     # the ephemeral tail channel only exists once nsq_tail subscribed: both get there
-    assert result.stdout.decode().splitlines()[0] == "Adding consumer for topic: tail_lk"
+    assert sorted(result.stdout.splitlines()) == [b"x", b"y"]
+    assert b"Adding consumer for topic: tail_lk\n" in result.stderr
     assert b"connecting to nsqd" in result.stderr
 
 
@@ -240,6 +249,7 @@ def test_nsq_to_file_gzip_rotation_work_dir_and_hup(
     publish(address, "file_t", [b"after hup"])
     proc.wait_for_log(r"syncing 1 records to disk", since=mark)
     assert proc.stop() == 0
+    assert proc.stdout_lines == []
     files = sorted(p.name for p in out.iterdir())
     assert files[0] == "file_t-000000.log.gz" and len(files) >= 2
     assert all(re.fullmatch(r"file_t-\d{6}\.log\.gz", f) for f in files)
@@ -269,6 +279,7 @@ def test_nsq_to_file_discovers_topics_by_pattern(
     proc.wait_for_log(r"\[pattern_yes/nsq_to_file\] syncing 1 records to disk")
     proc.wait_for_log(r"skipping topic pattern_no \(doesn't match pattern \^pattern_y\)")
     assert proc.stop() == 0
+    assert proc.stdout_lines == []
     assert (tmp_path / "pattern_yes.log").read_bytes() == b"kept\n"
     assert not (tmp_path / "pattern_no.log").exists()
 
@@ -352,6 +363,7 @@ def test_nsq_to_http_post_with_headers(
     assert first["headers"]["X-Token"] == "a:b"
     assert first["headers"]["User-Agent"] == "nsq_to_http v1.3.0"
     assert proc.stop() == 0
+    assert proc.stdout_lines == []
 
 
 def test_nsq_to_http_get_escapes_and_retries(
@@ -377,6 +389,7 @@ def test_nsq_to_http_get_escapes_and_retries(
         assert urllib.parse.parse_qs(got[0]["path"][2:])["data"] == ["a b&c=d/é"]
         proc.wait_for_log(r"finished 1 - 99th: [\d.]+ms - 95th: [\d.]+ms - avg: [\d.]+ms")
         assert proc.stop() == 0
+        assert proc.stdout_lines == []  # the status lines are logged, on stderr
     finally:
         failing.close()
         working.close()
@@ -411,6 +424,7 @@ def test_nsq_to_nsq_filters_and_whitelists(
     assert sorted(got) == [b'{"id":1,"kind":"click"}', b'{"id":3,"kind":"click"}']
     proc.wait_for_log(r"Unable to decode json: not json")
     assert proc.stop() == 0
+    assert proc.stdout_lines == []
 
 
 # -- nsq_stat ------------------------------------------------------------------------------
@@ -455,4 +469,5 @@ def test_nsq_stat_rows_from_nsqd_and_lookupd(cluster: Cluster) -> None:
         f"--nsqd-http-address={cluster.nsqd_http(0)}",
     )
     assert missing.returncode == 1
+    assert missing.stdout == b""
     assert b"failed to find channel(nope) in stats metadata for topic(stat_t)" in missing.stderr

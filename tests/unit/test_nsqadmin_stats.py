@@ -153,3 +153,40 @@ def test_version_key() -> None:
     assert version_key("1.3.0") > version_key("1.3.0-alpha") > version_key("1.2.1")
     assert version_key("v1.10.0") > version_key("1.9.9")
     assert version_key("junk") == version_key("0.0.0")
+
+
+def test_topology_counters_add_up_and_are_omitted_when_zero() -> None:
+    a = ChannelStats.from_nsqd(
+        _channel("x", 1) | {"zone_local_msg_count": 5, "global_msg_count": 2}, "a:1", "ha", "t"
+    )
+    b = ChannelStats.from_nsqd(_channel("x", 1) | {"global_msg_count": 3}, "b:1", "hb", "t")
+    total = ChannelStats.aggregate("t", "x")
+    total.add(a)
+    total.add(b)
+    doc = total.to_json()
+    keys = list(doc)
+    # Go's nsqadmin ChannelStats: after message_count, omitempty
+    assert keys[keys.index("message_count") + 1 : keys.index("client_count")] == [
+        "zone_local_msg_count",
+        "global_msg_count",
+    ]
+    assert (doc["zone_local_msg_count"], doc["global_msg_count"]) == (5, 5)
+    assert "region_local_msg_count" not in doc
+    assert (
+        "global_msg_count" not in ChannelStats.from_nsqd(_channel("y", 0), "c", "h", "t").to_json()
+    )
+
+
+def test_client_shows_its_nodes_topology_next_to_its_own() -> None:
+    c = ClientStats.from_nsqd({"topology_zone": "z2", "topology_region": "r1"}, "n:1")
+    assert "node_topology_zone" not in c.to_json()
+    c.doc["node_topology_region"] = "r1"
+    c.doc["node_topology_zone"] = "z1"
+    keys = list(c.to_json())
+    at = keys.index("node_topology_region")
+    assert keys[at : at + 4] == [
+        "node_topology_region",
+        "node_topology_zone",
+        "topology_zone",
+        "topology_region",
+    ]

@@ -17,7 +17,7 @@ import {
   button,
   runAction,
 } from "../ui.js";
-import { e2e, hasE2E, lastValue, nodeLink } from "./common.js";
+import { e2e, hasE2E, lastValue, nodeLink, topologyBadges, topologyLabel } from "./common.js";
 
 function actions(channel) {
   if (!config.isAdmin) return "";
@@ -26,10 +26,16 @@ function actions(channel) {
     ${button("Delete Channel", "delete", { kind: "danger" })}`;
 }
 
+// Topology-aware consumption's delivery counters (nsqd omits them when zero).
+const LOCALITY = ["zone_local_msg_count", "region_local_msg_count", "global_msg_count"];
+const hasLocality = (rows) => rows.some((c) => LOCALITY.some((k) => c[k] > 0));
+const locality = (c) => html`${LOCALITY.map((k, i) => html`${i ? " / " : ""}<span data-count="${k}">${num(c[k] || 0)}</span>`)}`;
+
 function nodesTable(channel) {
   const nodes = channel.nodes || [];
   if (!nodes.length) return empty("No nsqd has this channel right now.");
   const showE2E = hasE2E(nodes);
+  const showLocality = hasLocality(nodes);
   const row = (c, total) => html`<tr${total ? html` class="total"` : html` data-node="${c.node}"`}>
     <td class="name">${total ? "Total" : nodeLink(c.node, c.hostname)} ${!total && c.paused ? badge("paused", "warning") : ""}</td>
     <td class="num" data-col="depth">${num(c.depth)}</td>
@@ -40,12 +46,14 @@ function nodesTable(channel) {
     <td class="num" data-col="timed_out">${num(c.timeout_count)}</td>
     <td class="num" data-col="messages">${num(c.message_count)}</td>
     <td class="num" data-col="connections">${num(c.client_count)}</td>
+    ${showLocality ? html`<td class="num" data-col="locality">${locality(c)}</td>` : ""}
     ${showE2E ? html`<td>${e2e(c.e2e_processing_latency)}</td>` : ""}
   </tr>`;
   return html`<div class="table-wrap"><table class="table">
     <thead><tr><th>NSQd host</th><th class="num">Depth</th><th class="num">Memory + Disk</th>
       <th class="num">In-Flight</th><th class="num">Deferred</th><th class="num">Requeued</th>
       <th class="num">Timed Out</th><th class="num">Messages</th><th class="num">Connections</th>
+      ${showLocality ? html`<th class="num" title="deliveries to zone-local / region-local / other consumers">Zone / Region / Global</th>` : ""}
       ${showE2E ? html`<th>E2E latency</th>` : ""}</tr></thead>
     <tbody>${nodes.map((n) => row(n, false))}</tbody>
     ${nodes.length > 1 ? html`<tfoot>${row(channel, true)}</tfoot>` : ""}
@@ -59,8 +67,7 @@ function attributes(c) {
   if (c.deflate) out.push(badge("deflate"));
   if (c.sample_rate > 0) out.push(badge(`sampled ${c.sample_rate}%`));
   if (c.authed) out.push(badge(c.auth_identity ? `auth: ${c.auth_identity}` : "authed", "success"));
-  if (c.topology_region) out.push(badge(`region ${c.topology_region}`));
-  if (c.topology_zone) out.push(badge(`zone ${c.topology_zone}`));
+  out.push(...topologyBadges(c.topology_region, c.topology_zone));
   return out.length ? html`<span class="badges">${out}</span>` : html`<span class="muted">–</span>`;
 }
 
@@ -73,7 +80,7 @@ function clientsTable(channel) {
         <span class="muted host-sub">${c.remote_address}</span></td>
       <td class="ua">${c.user_agent || html`<span class="muted">${c.version}</span>`}</td>
       <td>${attributes(c)}</td>
-      <td>${nodeLink(c.node)}</td>
+      <td>${nodeLink(c.node)}${topologyLabel(c.node_topology_region, c.node_topology_zone)}</td>
       <td class="num" data-col="ready">${num(c.ready_count)}</td>
       <td class="num" data-col="in_flight">${num(c.in_flight_count)}</td>
       <td class="num" data-col="finished">${num(c.finish_count)}</td>
@@ -196,6 +203,9 @@ export default {
             { id: "timed_out", label: "Timed Out", value: num(channel.timeout_count) },
             { id: "messages", label: "Messages", value: num(channel.message_count), hint: rate(rateNow) },
             { id: "connections", label: "Connections", value: num(channel.client_count) },
+            ...(hasLocality([channel])
+              ? [{ id: "locality", label: "Zone / Region / Global", value: locality(channel) }]
+              : []),
           ])}
           ${charts(history)}
           ${card("Channel on each nsqd", nodesTable(channel), { id: "channel-nodes" })}

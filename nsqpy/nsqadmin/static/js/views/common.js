@@ -1,6 +1,7 @@
 // Pieces shared by the topic, channel and node pages.
 
 import { html } from "../html.js";
+import { badge } from "../ui.js";
 import { encNode } from "../api.js";
 import { nanos, quantileLabel } from "../format.js";
 
@@ -28,6 +29,17 @@ export function hasE2E(items) {
 export function nodeLink(node, hostname) {
   const host = hostname && hostname !== node.split(":")[0] ? html`<span class="muted host-sub">${hostname}</span>` : "";
   return html`<a href="nodes/${encNode(node)}" data-link>${node}</a>${host}`;
+}
+
+// Topology (NSQ master's experiment): "region r1" and "zone z1" badges, those that are set.
+export function topologyBadges(region, zone) {
+  return [region ? badge(`region ${region}`) : "", zone ? badge(`zone ${zone}`) : ""].filter(Boolean);
+}
+
+// The same badges after a cell's text (nothing when neither is set).
+export function topologyLabel(region, zone) {
+  const out = topologyBadges(region, zone);
+  return out.length ? html` <span class="badges">${out}</span>` : "";
 }
 
 export function historyNote(config) {

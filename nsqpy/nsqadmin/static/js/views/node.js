@@ -5,7 +5,7 @@ import { html } from "../html.js";
 import { num, rate, seconds, compact } from "../format.js";
 import { chart } from "../chart.js";
 import { config, crumbs, pageHeader, badge, tiles, card, empty, warningBanner, depthSplit, button, runAction } from "../ui.js";
-import { e2e, hasE2E, lastValue } from "./common.js";
+import { e2e, hasE2E, lastValue, topologyBadges, topologyLabel } from "./common.js";
 
 function topicsTable(doc) {
   const topics = doc.topics || [];
@@ -58,7 +58,7 @@ function clientsTable(doc) {
         rows.push(html`<tr>
           <td class="name">${cl.hostname || cl.remote_address} <span class="muted host-sub">${cl.remote_address}</span></td>
           <td><a href="topics/${enc(t.topic_name)}/${enc(c.channel_name)}" data-link>${t.topic_name}/${c.channel_name}</a></td>
-          <td class="ua">${cl.user_agent || cl.version}</td>
+          <td class="ua">${cl.user_agent || cl.version}${topologyLabel(cl.topology_region, cl.topology_zone)}</td>
           <td class="num">${num(cl.ready_count)}</td>
           <td class="num">${num(cl.in_flight_count)}</td>
           <td class="num">${num(cl.finish_count)}</td>
@@ -134,7 +134,7 @@ export default {
           ${pageHeader({
             title: p.hostname || node,
             subtitle: html`${node} · TCP ${p.tcp_port} · nsqd v${p.version}`,
-            badges: [p.out_of_date ? badge("out of date", "warning") : ""],
+            badges: [p.out_of_date ? badge("out of date", "warning") : "", ...topologyBadges(p.topology_region, p.topology_zone)],
           })}
           ${warningBanner(doc.message)}
           ${tiles([
