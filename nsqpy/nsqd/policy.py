@@ -360,17 +360,17 @@ class PolicyBook:
 
     def dead_letter(
         self, topic_name: str, label: str, rules: Effective, counts: Counts, msgs: list[Message]
-    ) -> None:
-        """Publish ``msgs`` to the dead-letter topic, or drop them (logged); never raises."""
+    ) -> bool:
+        """Publish ``msgs`` to the dead-letter topic (True), or drop them (logged); never raises."""
         if not msgs:
-            return
+            return False
         target = rules.dead_letter_topic
         nsqd = self.nsqd
         if target and target != topic_name and not nsqd.exiting and self._nesting < _MAX_NESTING:
             self._nesting += 1
             try:
                 nsqd.get_topic(target).put_copies([(m[1], m[3]) for m in msgs])
-                return
+                return True
             except BackendError as err:
                 nsqd.logf_error(
                     f"{label}: failed to dead-letter {len(msgs)} message(s) to {target} - {err}"
@@ -388,6 +388,25 @@ class PolicyBook:
                     else " (no dead-letter topic)"
                 )
             )
+        return False
+
+    def count(self, counts: Counts, kind: str, n: int, *, moved: bool) -> None:
+        """Count ``n`` dead letters; with --sync-every=1 a move counts once it is on disk."""
+        nsqd = self.nsqd
+        if not (moved and nsqd.use_disk and nsqd.opts.sync_every == 1):
+            setattr(counts, kind, getattr(counts, kind) + n)
+            return
+        pending = 0
+
+        def synced(err: BaseException | None) -> None:
+            nonlocal pending
+            pending -= 1
+            if not pending:
+                setattr(counts, kind, getattr(counts, kind) + n)
+
+        pending = nsqd.sync_touched(synced)
+        if not pending:  # nothing reached a disk queue (it waits in memory, as a publish does)
+            setattr(counts, kind, getattr(counts, kind) + n)
 
     # -- the sweep (called by the queue scan) ------------------------------------------------
 
@@ -461,9 +480,12 @@ def _topic_name(owner: Topic | Channel) -> str:
 
 
 def _send(owner: Topic | Channel, rules: Effective, msgs: list[Message], kind: str) -> None:
+    if not msgs:
+        return
     counts = _counts(owner)
-    setattr(counts, kind, getattr(counts, kind) + len(msgs))
-    owner._nsqd.policies.dead_letter(_topic_name(owner), _label(owner), rules, counts, msgs)
+    book = owner._nsqd.policies
+    moved = book.dead_letter(_topic_name(owner), _label(owner), rules, counts, msgs)
+    book.count(counts, kind, len(msgs), moved=moved)
 
 
 def returned(channel: Channel, rules: Effective, msg: Message) -> bool:

@@ -356,6 +356,11 @@ def test_dead_letters_survive_a_graceful_restart(
             c.req(m.id)
         c.nop()
         wait_until(lambda: topic_count(server, dl) == 10, what="10 dead letters")
+        # --sync-every=1: counted once the dead-letter topic's disk queue is synced
+        wait_until(
+            lambda: stats(server)[topic]["channels"]["c"]["dead_letter_count"] == 10,
+            what="the dead letters to be counted",
+        )
     assert server.stop() == 0
     again = nsqd_factory(data_path=data_path, mem_queue_size=0)
     with consumer(again.tcp_address, dl, "c", rdy=20) as c:
