@@ -157,6 +157,10 @@ class HTTPClient:
         """POST to an NSQ V1 endpoint with an empty body (Go's ``POSTV1``)."""
         await self._request("POST", endpoint)
 
+    async def send_v1(self, method: str, endpoint: str, body: bytes | None = None) -> None:
+        """Any other method to an NSQ V1 endpoint (message policies: POST a body, DELETE)."""
+        await self._request(method, endpoint, body)
+
     async def post_json(self, endpoint: str, payload: bytes) -> int:
         """POST a JSON document (notifications); returns the status code."""
         async with self.session.post(
@@ -535,6 +539,32 @@ class ClusterInfo:
         errors += await self._post_all(
             "nsqd", (f"http://{p.http_address}/{path}" for p in producers)
         )
+        return errors
+
+    async def set_policy(
+        self,
+        topic: str,
+        channel: str,
+        body: bytes | None,
+        lookupds: Sequence[str],
+        nsqds: Sequence[str],
+    ) -> Errors:
+        """POST a message policy (docs/POLICIES.md) to every producer, or DELETE it (None)."""
+        producers, errors = await self.get_topic_producers(topic, lookupds, nsqds)
+        if channel:
+            path = f"channel/policy?topic={_q(topic)}&channel={_q(channel)}"
+        else:
+            path = f"topic/policy?topic={_q(topic)}"
+        method = "DELETE" if body is None else "POST"
+        urls = list(dict.fromkeys(f"http://{p.http_address}/{path}" for p in producers))
+        results = await asyncio.gather(
+            *(self.client.send_v1(method, url, body) for url in urls), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, RequestError):
+                errors.append(str(result))
+            elif isinstance(result, BaseException):
+                raise result
         return errors
 
     async def tombstone_node_for_topic(

@@ -289,7 +289,11 @@ class Channel:
         pack = MESSAGE_FRAME_HEADER.pack
         memory = self._memory
         policy = self.policy
-        now_ns = time.time_ns()
+        # admit() decides; these two bounds let most messages pass without the call
+        oldest = time.time_ns() - policy.ttl_ns if policy is not None and policy.ttl_ns else 0
+        attempts_left = policy.max_attempts - 1 if policy is not None else MAX_ATTEMPTS
+        if attempts_left < 0:
+            attempts_left = MAX_ATTEMPTS
         sent = 0
         while sent < room:
             if not memory:
@@ -297,7 +301,11 @@ class Channel:
                 if not memory:
                     break
             msg = memory.popleft()
-            if policy is not None and not admit(self, policy, msg, now_ns):
+            if (
+                policy is not None
+                and (msg[1] < oldest or not -1 < msg[2] <= attempts_left)
+                and not admit(self, policy, msg, time.time_ns())
+            ):
                 continue
             msg_id, timestamp, attempts, body = msg
             if client.sample_rate and random.randrange(100) > client.sample_rate:

@@ -214,6 +214,8 @@ class PolicyBook:
         self.channels: dict[tuple[str, str], Policy] = {}
         self._next_sweep = 0.0
         self._nesting = 0
+        # dead-letter topic → the queues ("topic" or "topic:channel") that sent it messages
+        self.sources: dict[str, set[str]] = {}
 
     def _has_ttl(self) -> bool:
         return bool(
@@ -262,8 +264,12 @@ class PolicyBook:
     def refresh(self, topic: Topic) -> None:
         """Re-resolve a live topic's and its channels' policies after a change."""
         topic.policy = self.rules(topic.name, None)
-        for channel in topic.channels.values():
+        if topic.policy is not None and not topic.exiting:
+            trim_topic(topic, topic.policy)  # a new max_depth applies to what is queued now
+        for channel in list(topic.channels.values()):
             channel.policy = self.rules(topic.name, channel.name)
+            if channel.policy is not None and not channel.exiting:
+                trim_channel(channel, channel.policy)
 
     # -- changes (HTTP) -----------------------------------------------------------------
 
@@ -359,17 +365,19 @@ class PolicyBook:
     # -- dead letters ---------------------------------------------------------------------
 
     def dead_letter(
-        self, topic_name: str, label: str, rules: Effective, counts: Counts, msgs: list[Message]
+        self, source: str, label: str, rules: Effective, counts: Counts, msgs: list[Message]
     ) -> bool:
         """Publish ``msgs`` to the dead-letter topic (True), or drop them (logged); never raises."""
         if not msgs:
             return False
         target = rules.dead_letter_topic
         nsqd = self.nsqd
+        topic_name = source.partition(":")[0]
         if target and target != topic_name and not nsqd.exiting and self._nesting < _MAX_NESTING:
             self._nesting += 1
             try:
                 nsqd.get_topic(target).put_copies([(m[1], m[3]) for m in msgs])
+                self.sources.setdefault(target, set()).add(source)
                 return True
             except BackendError as err:
                 nsqd.logf_error(
@@ -434,9 +442,15 @@ def stats_fields(owner: object, *, channel: bool) -> dict[str, Any]:
     empty when no policy applies and nothing was ever counted (``/stats`` stays Go's)."""
     counts: Counts | None = getattr(owner, "policy_counts", None)
     rules: Effective | None = getattr(owner, "policy", None)
-    if counts is None and rules is None:
-        return {}
     out: dict[str, Any] = {}
+    if not channel:
+        nsqd = getattr(owner, "_nsqd", None)
+        sources = nsqd.policies.sources.get(getattr(owner, "name", "")) if nsqd else None
+        if sources:
+            # a dead-letter topic: where its messages came from (nsqadmin links back)
+            out["dead_letter_sources"] = sorted(sources)
+    if counts is None and rules is None:
+        return out
     if channel:
         out["dead_letter_count"] = counts.dead_letter_count if counts else 0
     out["expired_count"] = counts.expired_count if counts else 0
@@ -474,9 +488,9 @@ def _label(owner: Topic | Channel) -> str:
     return f"CHANNEL({name}:{owner.name})" if name is not None else f"TOPIC({owner.name})"
 
 
-def _topic_name(owner: Topic | Channel) -> str:
+def _source(owner: Topic | Channel) -> str:
     name = getattr(owner, "topic_name", None)
-    return name if name is not None else owner.name
+    return f"{name}:{owner.name}" if name is not None else owner.name
 
 
 def _send(owner: Topic | Channel, rules: Effective, msgs: list[Message], kind: str) -> None:
@@ -484,7 +498,7 @@ def _send(owner: Topic | Channel, rules: Effective, msgs: list[Message], kind: s
         return
     counts = _counts(owner)
     book = owner._nsqd.policies
-    moved = book.dead_letter(_topic_name(owner), _label(owner), rules, counts, msgs)
+    moved = book.dead_letter(_source(owner), _label(owner), rules, counts, msgs)
     book.count(counts, kind, len(msgs), moved=moved)
 
 

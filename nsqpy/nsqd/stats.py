@@ -126,6 +126,7 @@ class TopicStats(TypedDict):
     message_bytes: int
     paused: bool
     e2e_processing_latency: E2EResult
+    dead_letter_sources: NotRequired[list[str]]
     expired_count: NotRequired[int]
     overflow_count: NotRequired[int]
     policy: NotRequired[dict[str, Any]]
