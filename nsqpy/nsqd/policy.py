@@ -68,6 +68,7 @@ TOPIC_FIELDS: Final = ("dead_letter_topic", "message_ttl", "max_depth")
 SWEEP_INTERVAL: Final = 1.0
 SWEEP_DISK_BUDGET: Final = 50_000
 _DISK_CHUNK: Final = 64
+_FULL_SCAN_MAX: Final = 10_000
 # Dead letters published while publishing dead letters (two full queues dead-lettering to
 # each other): beyond this depth they are dropped instead of bouncing for ever.
 _MAX_NESTING: Final = 4
@@ -506,8 +507,8 @@ def returned(channel: Channel, rules: Effective, msg: Message) -> bool:
     """A message comes back (REQ, in-flight timeout): True if it was dead-lettered
     (it has been delivered max_attempts times) instead of going back on the queue."""
     limit = rules.max_attempts
-    if not limit or (msg[2] & MAX_ATTEMPTS) < limit:
-        return False
+    if not limit or (msg[2] & MAX_ATTEMPTS) < limit or channel.exiting:
+        return False  # (at exit it goes to disk with the others, decided after the restart)
     _send(channel, rules, [msg], "dead_letter_count")
     return True
 
@@ -555,7 +556,7 @@ def _take_oldest(
 def trim_channel(channel: Channel, rules: Effective) -> None:
     """After messages were queued: drop-head down to max_depth (overflow)."""
     limit = rules.max_depth
-    if not limit:
+    if not limit or channel.exiting:
         return
     excess = len(channel._memory) + channel._backend.depth() - limit
     if excess > 0:
@@ -567,7 +568,7 @@ def trim_channel(channel: Channel, rules: Effective) -> None:
 
 def trim_topic(topic: Topic, rules: Effective) -> None:
     limit = rules.max_depth
-    if not limit:
+    if not limit or topic.exiting:
         return
     excess = len(topic._memory) + topic._backend.depth() - limit
     if excess > 0:
@@ -581,10 +582,17 @@ def _sweep_queue(
 ) -> list[Message]:
     """Expired messages out of a memory queue and, when it is empty, off the disk queue's head."""
     ttl = rules.ttl_ns
+    oldest = now_ns - ttl
     expired: list[Message] = []
-    if memory and any(now_ns - e[1] > ttl for e in memory):
-        keep = [e for e in memory if now_ns - e[1] <= ttl]
-        expired = [(e[:4] if len(e) == 5 else e) for e in memory if now_ns - e[1] > ttl]
+    # Publish order is timestamp order: expired messages are at the head, except requeued
+    # ones at the back, found by a full pass on queues small enough to scan every second
+    # (on bigger ones the delivery check still stops them).
+    while memory and memory[0][1] < oldest:
+        entry = memory.popleft()
+        expired.append(entry[:4] if len(entry) == 5 else entry)
+    if memory and len(memory) <= _FULL_SCAN_MAX and any(e[1] < oldest for e in memory):
+        keep = [e for e in memory if e[1] >= oldest]
+        expired.extend((e[:4] if len(e) == 5 else e) for e in memory if e[1] < oldest)
         memory.clear()
         memory.extend(keep)
     if memory:
@@ -599,8 +607,8 @@ def _sweep_queue(
             nsqd.logf_error(f"{_label(owner)}: failed to read from backend - {err}")
             break
         read += _DISK_CHUNK
-        live = [m for m in chunk if now_ns - m[1] <= ttl]
-        expired.extend(m for m in chunk if now_ns - m[1] > ttl)
+        live = [m for m in chunk if m[1] >= oldest]
+        expired.extend(m for m in chunk if m[1] < oldest)
         if live:
             # not expired yet: they wait in memory, at the head where they were
             memory.extend(live)
@@ -611,10 +619,10 @@ def _sweep_queue(
 def sweep_channel(channel: Channel, rules: Effective, now_ns: int) -> None:
     expired = _sweep_queue(channel, rules, channel._memory, now_ns)
     deferred = channel._deferred
-    ttl = rules.ttl_ns
-    if deferred and any(now_ns - d[2][1] > ttl for d in deferred):
-        expired.extend(d[2] for d in deferred if now_ns - d[2][1] > ttl)
-        deferred[:] = [d for d in deferred if now_ns - d[2][1] <= ttl]
+    oldest = now_ns - rules.ttl_ns
+    if deferred and any(d[2][1] < oldest for d in deferred):
+        expired.extend(d[2] for d in deferred if d[2][1] < oldest)
+        deferred[:] = [d for d in deferred if d[2][1] >= oldest]
         heapq.heapify(deferred)
     if expired:
         _send(channel, rules, expired, "expired_count")
