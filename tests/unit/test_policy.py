@@ -14,6 +14,7 @@ from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.policy import Policy, PolicyBook, PolicyError, stats_fields, stats_text
 from nsqpy.nsqd.stats import get_stats
+from nsqpy.nsqd.statsd import statsd_lines
 from tests.unit.test_engine import ListBackend, make_nsqd, req, subscribe
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -181,3 +182,34 @@ def test_side_file_round_trip_skips_what_is_invalid(tmp_path: Path) -> None:
     assert book.channels == {("t", "c"): Policy(max_attempts=3, message_ttl=10**9)}
     assert book.topics == {"t": Policy(max_depth=7)}
     nsqd.close()
+
+
+def test_topic_backlog_overflow_and_used_up_attempts_at_delivery() -> None:
+    nsqd, _ = make_nsqd(mem_queue_size=100)
+    _set(nsqd, "t", None, max_depth=2, dead_letter_topic="dl")
+    topic = nsqd.get_topic("t")  # no channel: messages wait in the topic
+    topic.put_messages([b"a", b"b", b"c"])
+    assert topic.depth == 2 and topic.policy_counts is not None
+    assert topic.policy_counts.overflow_count == 1 and nsqd.topics["dl"].message_count == 1
+    # a message read back from disk after an exit with its attempts used up
+    _set(nsqd, "u", "c", max_attempts=3, dead_letter_topic="dl")
+    ch, consumer = subscribe(nsqd, "u", "c")
+    ch._memory.append((b"%016d" % 1, time.time_ns(), 3, b"used"))
+    ch._memory.append((b"%016d" % 2, time.time_ns(), 2, b"one left"))
+    ch._memory.append((b"%016d" % 3, time.time_ns(), -1, b"wrapped"))
+    consumer.ready_count = 5
+    ch.dispatch()
+    assert consumer.bodies == [b"one left"]
+    assert ch.policy_counts is not None and ch.policy_counts.dead_letter_count == 2
+
+
+def test_statsd_counts_policy_deltas() -> None:
+    nsqd, _ = make_nsqd()
+    _set(nsqd, "t", "c", max_depth=1)
+    nsqd.get_topic("t").get_channel("c")
+    before = get_stats(nsqd, include_clients=False)["topics"] or []
+    nsqd.get_topic("t").put_messages([b"a", b"b", b"c"])
+    after = get_stats(nsqd, include_clients=False)["topics"] or []
+    lines = [line.decode() for line in statsd_lines("p.", after, before, None, None)]
+    assert "p.topic.t.channel.c.overflow_count:2|c\n" in lines
+    assert "p.topic.t.channel.c.dead_letter_count:0|c\n" in lines
