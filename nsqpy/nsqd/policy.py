@@ -215,7 +215,7 @@ class PolicyBook:
         self.channels: dict[tuple[str, str], Policy] = {}
         self._next_sweep = 0.0
         self._nesting = 0
-        # dead-letter topic → the queues ("topic" or "topic:channel") that sent it messages
+        # dead-letter topic → the queues ("topic" or "topic:channel") that send it messages
         self.sources: dict[str, set[str]] = {}
 
     def _has_ttl(self) -> bool:
@@ -260,7 +260,12 @@ class PolicyBook:
     def rules(self, topic: str, channel: str | None) -> Effective | None:
         """The effective policy, or None when it does nothing (the hot path's test)."""
         eff = self.effective(topic, channel)
-        return eff if eff.active else None
+        if not eff.active:
+            return None
+        if eff.dead_letter_topic:  # what the dead-letter topic's page links back to
+            source = topic if channel is None else f"{topic}:{channel}"
+            self.sources.setdefault(eff.dead_letter_topic, set()).add(source)
+        return eff
 
     def refresh(self, topic: Topic) -> None:
         """Re-resolve a live topic's and its channels' policies after a change."""

@@ -11,7 +11,7 @@ import pytest
 
 from nsqpy.nsqd.message import to_payload
 from nsqpy.nsqd.nsqd import NSQD
-from nsqpy.nsqd.options import Options
+from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.policy import Policy, PolicyBook, PolicyError, stats_fields, stats_text
 from nsqpy.nsqd.stats import get_stats
 from nsqpy.nsqd.statsd import statsd_lines
@@ -213,3 +213,20 @@ def test_statsd_counts_policy_deltas() -> None:
     lines = [line.decode() for line in statsd_lines("p.", after, before, None, None)]
     assert "p.topic.t.channel.c.overflow_count:2|c\n" in lines
     assert "p.topic.t.channel.c.dead_letter_count:0|c\n" in lines
+
+
+def test_flags_from_a_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "nsqd.cfg"
+    config.write_text(
+        'max_attempts = 4\nmessage_ttl = "1h"\nmax_queue_depth = 10\n'
+        'dead_letter_topic_suffix = "_dead"\n'
+    )
+    opts = parse_nsqd_args([f"--config={config}"]).options
+    validate(opts)
+    assert (opts.max_attempts, opts.message_ttl, opts.max_queue_depth) == (4, 3600.0, 10)
+    nsqd = NSQD(opts)
+    ch = nsqd.get_topic("t").get_channel("c")
+    assert ch.policy is not None and ch.policy.dead_letter_topic == "t_dead"
+    # the dead-letter topic knows where its messages come from before any arrives
+    dead = nsqd.get_topic("t_dead")
+    assert stats_fields(dead, channel=False)["dead_letter_sources"] == ["t", "t:c"]
