@@ -146,6 +146,8 @@ class Topic:
         else:
             # Go writes it to the backend, where the deferral is lost (spec §11).
             self._backend.put(to_payload(msg))
+        if self.policy is not None and not self._flowing:
+            trim_topic(self, self.policy)
         self.message_count += 1
         self.message_bytes += len(body)
 

@@ -191,6 +191,8 @@ def test_topic_backlog_overflow_and_used_up_attempts_at_delivery() -> None:
     topic.put_messages([b"a", b"b", b"c"])
     assert topic.depth == 2 and topic.policy_counts is not None
     assert topic.policy_counts.overflow_count == 1 and nsqd.topics["dl"].message_count == 1
+    topic.put_deferred(b"d", 10.0)  # a DPUB waiting in the topic counts too
+    assert topic.depth == 2 and topic.policy_counts.overflow_count == 2
     # a message read back from disk after an exit with its attempts used up
     _set(nsqd, "u", "c", max_attempts=3, dead_letter_topic="dl")
     ch, consumer = subscribe(nsqd, "u", "c")
