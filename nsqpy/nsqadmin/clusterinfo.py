@@ -157,6 +157,10 @@ class HTTPClient:
         """POST to an NSQ V1 endpoint with an empty body (Go's ``POSTV1``)."""
         await self._request("POST", endpoint)
 
+    async def send_v1(self, method: str, endpoint: str, body: bytes | None = None) -> None:
+        """Any other method to an NSQ V1 endpoint (message policies: POST a body, DELETE)."""
+        await self._request(method, endpoint, body)
+
     async def post_json(self, endpoint: str, payload: bytes) -> int:
         """POST a JSON document (notifications); returns the status code."""
         async with self.session.post(
@@ -247,12 +251,23 @@ class ClusterInfo:
         self.log.debug(f"CI: querying {kind} {endpoint}")
         return await self.client.get_v1(endpoint)
 
-    async def _post_all(self, kind: str, endpoints: Iterable[str]) -> Errors:
-        """POST to every endpoint concurrently; failures (even all) are returned as errors."""
+    async def _post_all(
+        self,
+        kind: str,
+        endpoints: Iterable[str],
+        *,
+        method: str = "POST",
+        body: bytes | None = None,
+    ) -> Errors:
+        """POST (or ``method``) to every endpoint concurrently; failures (even all) are
+        returned as errors."""
 
         async def post(endpoint: str) -> None:
             self.log.debug(f"CI: querying {kind} {endpoint}")
-            await self.client.post_v1(endpoint)
+            if method == "POST" and body is None:
+                await self.client.post_v1(endpoint)
+            else:
+                await self.client.send_v1(method, endpoint, body)
 
         targets = list(dict.fromkeys(endpoints))
         results = await asyncio.gather(*(post(e) for e in targets), return_exceptions=True)
@@ -531,17 +546,40 @@ class ClusterInfo:
         channel: str,
         lookupds: Sequence[str],
         nsqds: Sequence[str],
+        *,
+        method: str = "POST",
+        body: bytes | None = None,
     ) -> Errors:
-        """``pause``, ``unpause`` or ``empty`` a topic (or channel) on every producer."""
+        """``pause``, ``unpause`` or ``empty`` a topic (or channel) on every producer (or any
+        ``/topic/<action>``, ``/channel/<action>`` with ``method`` and ``body``)."""
         producers, errors = await self.get_topic_producers(topic, lookupds, nsqds)
         if channel:
             path = f"channel/{action}?topic={_q(topic)}&channel={_q(channel)}"
         else:
             path = f"topic/{action}?topic={_q(topic)}"
         errors += await self._post_all(
-            "nsqd", (f"http://{p.http_address}/{path}" for p in producers)
+            "nsqd", (f"http://{p.http_address}/{path}" for p in producers), method=method, body=body
         )
         return errors
+
+    async def set_policy(
+        self,
+        topic: str,
+        channel: str,
+        body: bytes | None,
+        lookupds: Sequence[str],
+        nsqds: Sequence[str],
+    ) -> Errors:
+        """POST a message policy (docs/POLICIES.md) to every producer, or DELETE it (None)."""
+        return await self.topic_channel_action(
+            "policy",
+            topic,
+            channel,
+            lookupds,
+            nsqds,
+            method="DELETE" if body is None else "POST",
+            body=body,
+        )
 
     async def tombstone_node_for_topic(
         self, topic: str, node: str, lookupds: Sequence[str]

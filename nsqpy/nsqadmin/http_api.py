@@ -43,6 +43,7 @@ from nsqpy.common.log import LogLevel
 from nsqpy.nsqadmin.clusterinfo import RequestError, UpstreamError, aggregate_channels
 from nsqpy.nsqadmin.notify import AdminAction
 from nsqpy.nsqadmin.stats import TopicStats
+from nsqpy.nsqd.policy import Policy, PolicyError
 from nsqpy.wire.names import is_valid_channel_name, is_valid_topic_name
 
 if TYPE_CHECKING:
@@ -647,6 +648,8 @@ class HTTPServer:
         self._require_admin(request)
         body = await self._json_body(request)
         action = body.get("action")
+        if action in ("set_policy", "clear_policy"):
+            return await self._policy_action(request, topic, channel, body)
         if action not in ("pause", "unpause", "empty"):
             raise APIError(400, "INVALID_ACTION")
         messages: list[str] = []
@@ -658,6 +661,29 @@ class HTTPServer:
             raise self._upstream(f"{action} topic/channel", err) from None
         self._partial(messages, errors)
         self._notify(f"{action}_{'channel' if channel else 'topic'}", request, topic, channel)
+        return v1_json({"message": _warning(messages)})
+
+    async def _policy_action(
+        self, request: web.Request, topic: str, channel: str, body: dict[str, Any]
+    ) -> web.Response:
+        """Set (``{"action": "set_policy", "policy": {...}}``) or clear a message policy on
+        every nsqd of the topic; the policy is checked here first, with nsqd's rules."""
+        payload: bytes | None = None
+        if body["action"] == "set_policy":
+            payload = json.dumps(body.get("policy")).encode()
+            try:
+                Policy().updated(payload, topic, channel=bool(channel))
+            except PolicyError as err:
+                raise APIError(400, str(err)) from None
+        messages: list[str] = []
+        try:
+            errors = await self.ci.set_policy(topic, channel, payload, self.lookupds, self.nsqds)
+        except UpstreamError as err:
+            raise self._upstream(f"{body['action']} topic/channel", err) from None
+        self._partial(messages, errors)
+        self._notify(
+            f"{body['action']}_{'channel' if channel else 'topic'}", request, topic, channel
+        )
         return v1_json({"message": _warning(messages)})
 
     # -- graphite --------------------------------------------------------------------------

@@ -333,6 +333,58 @@ def _host_order(node: str, hostname: str) -> tuple[str, str]:
     return (hostname, node)
 
 
+# --------------------------------------------------------------------------- policies
+
+
+@dataclass
+class PolicyStats:
+    """A topic's or channel's message-policy fields of nsqd's ``/stats`` (only there when a
+    policy applies or something was counted), summed over nodes; the first node's policy."""
+
+    dead_letter_count: int = 0
+    expired_count: int = 0
+    overflow_count: int = 0
+    policy: JSON | None = None
+    dead_letter_sources: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_nsqd(cls, doc: JSON) -> PolicyStats | None:
+        keys = ("expired_count", "policy", "dead_letter_sources")
+        if not any(k in doc for k in keys):
+            return None
+        policy = doc.get("policy")
+        sources = doc.get("dead_letter_sources")
+        return cls(
+            dead_letter_count=_int(doc, "dead_letter_count"),
+            expired_count=_int(doc, "expired_count"),
+            overflow_count=_int(doc, "overflow_count"),
+            policy=policy if isinstance(policy, dict) else None,
+            dead_letter_sources=[str(x) for x in sources] if isinstance(sources, list) else [],
+        )
+
+    @staticmethod
+    def combine(total: PolicyStats | None, other: PolicyStats | None) -> PolicyStats | None:
+        if other is None:
+            return total
+        if total is None:
+            total = PolicyStats()
+        total.dead_letter_count += other.dead_letter_count
+        total.expired_count += other.expired_count
+        total.overflow_count += other.overflow_count
+        total.policy = total.policy or other.policy
+        total.dead_letter_sources = sorted({*total.dead_letter_sources, *other.dead_letter_sources})
+        return total
+
+    def to_json(self) -> JSON:
+        return {
+            "dead_letter_count": self.dead_letter_count,
+            "expired_count": self.expired_count,
+            "overflow_count": self.overflow_count,
+            "policy": self.policy,
+            "dead_letter_sources": self.dead_letter_sources,
+        }
+
+
 # --------------------------------------------------------------------------- channels
 
 
@@ -364,6 +416,8 @@ class ChannelStats:
     nodes: list[ChannelStats] = field(default_factory=list)
     clients: list[ClientStats] = field(default_factory=list)
     e2e_processing_latency: E2ELatency = field(default_factory=E2ELatency)
+    # message policies (nsqd's policy.py, docs/POLICIES.md): counters and the policy
+    policy: PolicyStats | None = None
 
     @classmethod
     def from_nsqd(
@@ -393,6 +447,7 @@ class ChannelStats:
             paused=_bool(doc, "paused"),
             clients=clients,
             e2e_processing_latency=E2ELatency.from_nsqd(doc.get("e2e_processing_latency")),
+            policy=PolicyStats.from_nsqd(doc),
         )
 
     @classmethod
@@ -422,6 +477,7 @@ class ChannelStats:
         self.global_msg_count += other.global_msg_count
         self.client_count += other.client_count
         self.paused = self.paused or other.paused
+        self.policy = PolicyStats.combine(self.policy, other.policy)
         self.nodes.append(other)
         self.nodes.sort(key=lambda c: _host_order(c.node, c.hostname))
         self.e2e_processing_latency.add(other.e2e_processing_latency)
@@ -448,6 +504,7 @@ class ChannelStats:
             "clients": [c.to_json() for c in self.clients],
             "paused": self.paused,
             "e2e_processing_latency": self.e2e_processing_latency.to_json(),
+            **(self.policy.to_json() if self.policy is not None else {}),
         }
 
 
@@ -469,6 +526,7 @@ class TopicStats:
     nodes: list[TopicStats] = field(default_factory=list)
     channels: list[ChannelStats] = field(default_factory=list)
     e2e_processing_latency: E2ELatency = field(default_factory=E2ELatency)
+    policy: PolicyStats | None = None
 
     @classmethod
     def from_nsqd(cls, doc: JSON, node: str, hostname: str, now: float | None = None) -> TopicStats:
@@ -491,6 +549,7 @@ class TopicStats:
             paused=_bool(doc, "paused"),
             channels=channels,
             e2e_processing_latency=E2ELatency.from_nsqd(doc.get("e2e_processing_latency")),
+            policy=PolicyStats.from_nsqd(doc),
         )
 
     @classmethod
@@ -511,6 +570,7 @@ class TopicStats:
         self.backend_depth += other.backend_depth
         self.message_count += other.message_count
         self.paused = self.paused or other.paused
+        self.policy = PolicyStats.combine(self.policy, other.policy)
         by_name = {c.channel_name: c for c in self.channels}
         for channel in other.channels:
             total = by_name.get(channel.channel_name)
@@ -537,4 +597,5 @@ class TopicStats:
             "channels": [c.to_json() for c in self.channels],
             "paused": self.paused,
             "e2e_processing_latency": self.e2e_processing_latency.to_json(),
+            **(self.policy.to_json() if self.policy is not None else {}),
         }

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, requeued, to_payload
+from nsqpy.nsqd.policy import Counts, Effective, admit, returned, trim_channel
 from nsqpy.nsqd.topology import preference_for
 from nsqpy.wire.names import is_ephemeral
 from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER, MESSAGE_HEADER
@@ -74,6 +75,8 @@ class Channel:
         "message_count",
         "name",
         "paused",
+        "policy",
+        "policy_counts",
         "redefer",
         "requeue_count",
         "timeout_count",
@@ -108,6 +111,9 @@ class Channel:
         # Message ID → due time (unix ns) of deferred messages written to the backend at the
         # last exit (metadata.py): they are deferred again when read back.
         self.redefer: dict[bytes, int] | None = None
+        # Message policies (policy.py): None when nothing applies, so the hot path skips them.
+        self.policy: Effective | None = nsqd.policies.rules(topic_name, name)
+        self.policy_counts: Counts | None = None
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"
@@ -167,6 +173,8 @@ class Channel:
         """put_many without the delivery (a topic queues in every channel first)."""
         self._enqueue(msgs)
         self.message_count += len(msgs)
+        if self.policy is not None:
+            trim_channel(self, self.policy)
 
     def unqueue(self, count: int) -> bool:
         """Take back the last ``count`` messages queued by enqueue, before any dispatch
@@ -261,7 +269,7 @@ class Channel:
             frames: list[bytes] = []
             append = frames.append
             popleft = memory.popleft
-            if client.sample_rate:
+            if client.sample_rate or self.policy is not None:
                 take = self._sampled(client, room, frames, now, deadline)
             else:
                 for _ in range(take):
@@ -285,17 +293,31 @@ class Channel:
         self, client: Consumer, room: int, frames: list[bytes], now: float, deadline: float
     ) -> int:
         # sample_rate S: a message goes out if rand[0,100) <= S, else this channel drops it;
-        # like Go's pump, keep reading while the client is still ready.
+        # like Go's pump, keep reading while the client is still ready. A policy's messages
+        # come this way too, each checked before it goes (expired, out of attempts).
         pack = MESSAGE_FRAME_HEADER.pack
         memory = self._memory
+        policy = self.policy
+        # admit() decides; these two bounds let most messages pass without the call
+        oldest = time.time_ns() - policy.ttl_ns if policy is not None and policy.ttl_ns else 0
+        attempts_left = policy.max_attempts - 1 if policy is not None else MAX_ATTEMPTS
+        if attempts_left < 0:
+            attempts_left = MAX_ATTEMPTS
         sent = 0
         while sent < room:
             if not memory:
                 self._refill(room - sent)
                 if not memory:
                     break
-            msg_id, timestamp, attempts, body = memory.popleft()
-            if random.randrange(100) > client.sample_rate:
+            msg = memory.popleft()
+            if (
+                policy is not None
+                and (msg[1] < oldest or not -1 < msg[2] <= attempts_left)
+                and not admit(self, policy, msg, time.time_ns())
+            ):
+                continue
+            msg_id, timestamp, attempts, body = msg
+            if client.sample_rate and random.randrange(100) > client.sample_rate:
                 continue
             attempts += 1
             frames.append(pack(len(body) + 30, 2, timestamp, attempts, msg_id))
@@ -373,6 +395,8 @@ class Channel:
         self.requeue_count += 1
         client.requeue_count += 1
         msg = requeued(entry[0], entry[1], entry[2], entry[3])
+        if self.policy is not None and returned(self, self.policy, msg):
+            return
         if delay <= 0:
             if self.exiting:
                 raise ChannelError("exiting")
@@ -408,6 +432,8 @@ class Channel:
             self._nsqd.logf_error(
                 f"CHANNEL({self.topic_name}:{self.name}): failed to requeue message - {err}"
             )
+        if self.policy is not None:
+            trim_channel(self, self.policy)
 
     # -- the queue scan (in-flight timeouts and due deferred messages, spec §7.8) ----------
 
@@ -440,9 +466,13 @@ class Channel:
                 break
         if not expired:
             return False
+        policy = self.policy
         for entry in expired:
             del in_flight[entry[0]]
-            self._put_back(requeued(entry[0], entry[1], entry[2], entry[3]))
+            msg = requeued(entry[0], entry[1], entry[2], entry[3])
+            if policy is not None and returned(self, policy, msg):
+                continue
+            self._put_back(msg)
         self.timeout_count += len(expired)
         return True
 
@@ -459,6 +489,8 @@ class Channel:
             self._nsqd.logf_error(
                 f"CHANNEL({self.topic_name}:{self.name}): failed to queue deferred - {err}"
             )
+        if self.policy is not None:
+            trim_channel(self, self.policy)
         self.dispatch()
         return True
 

@@ -48,6 +48,7 @@ from nsqpy.common.log import LogLevel
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.options import TLSRequired
+from nsqpy.nsqd.policy import Policy, PolicyError
 from nsqpy.nsqd.stats import (
     PROMETHEUS_CONTENT_TYPE,
     format_prometheus,
@@ -193,6 +194,9 @@ class NSQDHTTPServer:
         add("PUT", "/config/:opt", self._config)
         # beyond NSQ
         add("GET", "/channel/peek", self._channel_peek)
+        for method in ("GET", "POST", "DELETE"):
+            add(method, "/topic/policy", self._policy)
+            add(method, "/channel/policy", self._policy)
         add("GET", "/metrics", self._metrics, v1=False, log=False)
         # Python's answers to Go's /debug/pprof pages
         add("GET", "/debug/pprof/", self._pprof_index, v1=False, log=False)
@@ -511,6 +515,59 @@ class NSQDHTTPServer:
                 for msg_id, timestamp, attempts, body in queued
             ],
         }
+
+    async def _policy(self, request: web.BaseRequest, _: str) -> object:
+        """GET (effective policy, with sources), POST (JSON update: absent fields kept,
+        null clears) and DELETE (clear) of a topic's or channel's policy (policy.py)."""
+        params = ReqParams(request)
+        channel_name: str | None = None
+        if request.path.startswith("/channel/"):
+            topic_name, channel_name = params.topic_channel()
+        else:
+            topic_name = params.topic()
+            if not is_valid_topic_name(topic_name):
+                raise HTTPError(400, "INVALID_TOPIC")
+        book = self.nsqd.policies
+        topic = self.nsqd.get_existing_topic(topic_name)
+        if request.method == "GET":
+            if topic is None:
+                raise HTTPError(404, "TOPIC_NOT_FOUND")
+            if channel_name is not None and channel_name not in topic.channels:
+                raise HTTPError(404, "CHANNEL_NOT_FOUND")
+            return self._policy_reply(topic_name, channel_name)
+        if request.method == "POST":
+            body = await _read_body(request, 65536)
+            if body is None:
+                raise HTTPError(413, "BODY_TOO_BIG")
+            try:
+                policy = book.get(topic_name, channel_name).updated(
+                    body, topic_name, channel=channel_name is not None
+                )
+            except PolicyError as err:
+                raise HTTPError(400, str(err)) from None
+        else:
+            policy = Policy()
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+        try:
+            book.set(topic_name, channel_name, policy)
+        except OSError as err:
+            self.logger.error(f"failed to persist policies - {err}")
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+        if request.method == "POST":
+            topic = self.nsqd.get_topic(topic_name)
+            if channel_name is not None:
+                topic.get_channel(channel_name)
+        return self._policy_reply(topic_name, channel_name)
+
+    def _policy_reply(self, topic_name: str, channel_name: str | None) -> dict[str, object]:
+        book = self.nsqd.policies
+        reply: dict[str, object] = {"topic_name": topic_name}
+        if channel_name is not None:
+            reply["channel_name"] = channel_name
+        reply["policy"] = book.get(topic_name, channel_name).to_json()
+        reply["effective"] = book.effective(topic_name, channel_name).to_json()
+        return reply
 
     async def _metrics(self, request: web.BaseRequest, _: str) -> web.Response:
         stats = get_stats(self.nsqd, self.server.clients, include_clients=True)

@@ -19,6 +19,7 @@ from nsqpy.nsqd import metadata
 from nsqpy.nsqd.backend import BackendQueue, DiskBackend, DummyBackend, RefusingBackend
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.e2e import E2EStream
+from nsqpy.nsqd.policy import PolicyBook
 from nsqpy.nsqd.topic import Topic
 from nsqpy.wire.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
 from nsqpy.wire.v2 import MESSAGE_HEADER_SIZE
@@ -70,6 +71,8 @@ class NSQD:
         self._loading = False
         self._metadata_dirty = False
         self._metadata_writing = False
+        # Message policies (policy.py): by topic and channel name, with their side file.
+        self.policies = PolicyBook(self)
         if use_disk:
             self.listeners.append(self._persist_on_change)
 
@@ -133,6 +136,7 @@ class NSQD:
     def load_metadata(self) -> None:
         """Recreate topics and channels (and pause state) from nsqd.dat; raises MetadataError."""
         topics = metadata.read_metadata(self.data_path)
+        self.policies.load()
         self._loading = True
         try:
             for t in topics or []:
@@ -314,6 +318,7 @@ class NSQD:
         topic.close(deleted=True)
         del self.topics[name]
         self._pump_set.discard(topic)
+        self.policies.forget_topic(name)
         self._emit("topic_deleted", topic, None)
 
     def delete_ephemeral_channel(self, channel: Channel) -> None:
@@ -380,6 +385,7 @@ class NSQD:
         """
         if now is None:
             now = time.monotonic()
+        self.policies.tick(now)
         processed = 0
         for _ in range(MAX_SCAN_ROUNDS):
             candidates = [c for c in self._scan_set if c.has_scan_work() and not c.exiting]

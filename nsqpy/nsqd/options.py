@@ -31,6 +31,7 @@ from nsqpy.common.goflags import (
     parse_go_bool,
     verbose_flag,
 )
+from nsqpy.wire.names import is_ephemeral, is_valid_topic_name
 
 __all__ = [
     "EXPERIMENTS",
@@ -270,6 +271,32 @@ class Options:
         help="most consumers per channel on this nsqd (0 = unlimited)",
     )
 
+    # message policies (beyond NSQ: docs/POLICIES.md); per topic/channel over HTTP
+    max_attempts: int = flag(
+        "max-attempts",
+        0,
+        kind=Kind.INT,
+        help="deliveries before a message that comes back is dead-lettered (0 = unlimited)",
+    )
+    message_ttl: float = flag(
+        "message-ttl",
+        0.0,
+        kind=Kind.DURATION,
+        help="age after which a queued message is dead-lettered instead of delivered (0 = none)",
+    )
+    max_queue_depth: int = flag(
+        "max-queue-depth",
+        0,
+        kind=Kind.INT,
+        help="messages a topic or channel holds before its oldest are dead-lettered (0 = unlimited)",
+    )
+    dead_letter_topic_suffix: str = flag(
+        "dead-letter-topic-suffix",
+        "",
+        kind=Kind.STRING,
+        help="dead-letter to <topic><suffix> when no dead_letter_topic is set (e.g. _dead)",
+    )
+
     # statsd integration
     statsd_address: str = flag(
         "statsd-address", "", kind=Kind.STRING, help="UDP <addr>:<port> of a statsd daemon"
@@ -425,6 +452,17 @@ def validate(opts: Options) -> None:
                 f"invalid E2E processing latency percentile: {go_format_float(percentile)}"
             )
     opts.e2e_processing_latency_percentiles.sort(reverse=True)
+    if not 0 <= opts.max_attempts <= 0xFFFF:
+        raise OptionsError("--max-attempts must be [0,65535]")
+    if opts.message_ttl < 0:
+        raise OptionsError("--message-ttl must be >= 0")
+    if opts.max_queue_depth < 0:
+        raise OptionsError("--max-queue-depth must be >= 0")
+    suffix = opts.dead_letter_topic_suffix
+    if suffix and (not is_valid_topic_name("t" + suffix) or is_ephemeral("t" + suffix)):
+        raise OptionsError(
+            f"--dead-letter-topic-suffix {go_quote(suffix)} makes invalid topic names"
+        )
     for experiment in opts.experiments:
         if experiment not in EXPERIMENTS:
             raise OptionsError(

@@ -38,6 +38,7 @@ from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import format_duration_ns, version_string
 from nsqpy.common.gojson import encode_json, go_json_float
 from nsqpy.nsqd.e2e import E2EResult, E2EStream, empty_result
+from nsqpy.nsqd.policy import stats_fields, stats_text
 from nsqpy.nsqd.topology import GLOBAL, client_counts, delivery_counts
 
 __all__ = [
@@ -114,6 +115,11 @@ class ChannelStats(TypedDict):
     clients: list[ClientStats] | None
     paused: bool
     e2e_processing_latency: E2EResult
+    # message policies (policy.py): only where a policy applies or a count is not zero
+    dead_letter_count: NotRequired[int]
+    expired_count: NotRequired[int]
+    overflow_count: NotRequired[int]
+    policy: NotRequired[dict[str, Any]]
 
 
 class TopicStats(TypedDict):
@@ -125,6 +131,10 @@ class TopicStats(TypedDict):
     message_bytes: int
     paused: bool
     e2e_processing_latency: E2EResult
+    dead_letter_sources: NotRequired[list[str]]
+    expired_count: NotRequired[int]
+    overflow_count: NotRequired[int]
+    policy: NotRequired[dict[str, Any]]
 
 
 class Stats(TypedDict):
@@ -301,6 +311,7 @@ def channel_stats(channel: _Channel, clients: list[ClientStats] | None) -> Chann
     stats["e2e_processing_latency"] = (
         channel.e2e.result() if channel.e2e is not None else empty_result()
     )
+    stats.update(stats_fields(channel, channel=True))
     return cast(ChannelStats, stats)
 
 
@@ -316,7 +327,7 @@ _LOCALITY_KEYS = ("zone_local_msg_count", "region_local_msg_count", "global_msg_
 def topic_stats(topic: _Topic, channels: list[ChannelStats], streams: Iterable[Any]) -> TopicStats:
     """Go's ``NewTopicStats``; ``streams`` are the channels' e2e streams to aggregate."""
     aggregate = E2EStream.aggregate(streams)
-    return {
+    stats: TopicStats = {
         "topic_name": topic.name,
         "channels": channels,
         "depth": topic.depth,
@@ -326,6 +337,8 @@ def topic_stats(topic: _Topic, channels: list[ChannelStats], streams: Iterable[A
         "paused": topic.paused,
         "e2e_processing_latency": aggregate.result() if aggregate is not None else empty_result(),
     }
+    stats.update(stats_fields(topic, channel=False))  # type: ignore[typeddict-item]
+    return stats
 
 
 def get_stats(
@@ -523,6 +536,8 @@ def format_stats_text(
             f" be-depth: {t['backend_depth']:<5} msgs: {t['message_count']:<8}"
             f" e2e%: {_e2e_text(t['e2e_processing_latency'])}\n"
         )
+        if policy_line := stats_text(t):
+            out.append(f"      {policy_line}\n")
         for c in t["channels"]:
             prefix = "   *P " if c["paused"] else "      "
             out.append(
@@ -532,6 +547,8 @@ def format_stats_text(
                 f" timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8}"
                 f" e2e%: {_e2e_text(c['e2e_processing_latency'])}\n"
             )
+            if policy_line := stats_text(c):
+                out.append(f"          {policy_line}\n")
             out.extend(f"        {client_line(cl, now)}\n" for cl in c["clients"] or ())
     producers = stats["producers"] or []
     if not producers:
@@ -723,6 +740,7 @@ def format_prometheus(
                     quantile=go_json_float(p["quantile"]),
                 )
     _locality_families(family, stats)
+    _policy_families(stats, family)
     _process_families(family)
     return "".join(f.render() for f in fam.values())
 
@@ -746,6 +764,33 @@ def _locality_families(family: Any, stats: Stats) -> None:
                 count = c.get(key, 0)
                 if count:
                     fam.add(count, topic=t["topic_name"], channel=c["channel_name"])
+
+
+_POLICY_COUNTERS = (
+    ("dead_letter_count", "dead_lettered", "Messages dead-lettered after max_attempts deliveries."),
+    ("expired_count", "expired", "Messages dead-lettered because they outlived message_ttl."),
+    ("overflow_count", "overflowed", "Oldest messages dead-lettered beyond max_depth."),
+)
+
+
+def _policy_families(stats: Stats, family: Any) -> None:
+    """Policy counters (policy.py), only for the topics and channels that show them."""
+    for t in stats["topics"] or ():
+        tname = t["topic_name"]
+        for key, name, help_text in _POLICY_COUNTERS:
+            if key in t:
+                family(f"nsq_topic_{name}_total", "counter", help_text).add(
+                    t[key],  # type: ignore[literal-required]
+                    topic=tname,
+                )
+        for c in t["channels"]:
+            for key, name, help_text in _POLICY_COUNTERS:
+                if key in c:
+                    family(f"nsq_channel_{name}_total", "counter", help_text).add(
+                        c[key],  # type: ignore[literal-required]
+                        topic=tname,
+                        channel=c["channel_name"],
+                    )
 
 
 def _process_families(family: Any) -> None:

@@ -83,6 +83,9 @@ def statsd_lines(
         )
         gauge(f"topic.{name}.depth", topic["depth"])
         gauge(f"topic.{name}.backend_depth", topic["backend_depth"])
+        for key in ("expired_count", "overflow_count"):
+            if key in topic:  # message policies (policy.py)
+                count(f"topic.{name}.{key}", topic[key] - (last.get(key, 0) if last else 0))
         for p in topic["e2e_processing_latency"]["percentiles"] or ():
             gauge(f"topic.{name}.e2e_processing_latency_{_pct(p['quantile'])}", int(p["value"]))
         last_channels = {c["channel_name"]: c for c in last["channels"]} if last else {}
@@ -109,6 +112,9 @@ def statsd_lines(
                 channel["timeout_count"] - (lc["timeout_count"] if lc else 0),
             )
             gauge(f"{stat}.clients", channel["client_count"])
+            for key in ("dead_letter_count", "expired_count", "overflow_count"):
+                if key in channel:  # message policies (policy.py)
+                    count(f"{stat}.{key}", channel[key] - (lc.get(key, 0) if lc else 0))  # type: ignore[literal-required]
             for p in channel["e2e_processing_latency"]["percentiles"] or ():
                 gauge(f"{stat}.e2e_processing_latency_{_pct(p['quantile'])}", int(p["value"]))
     if mem is not None:

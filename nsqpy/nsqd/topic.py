@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.message import GUIDFactory, Message, from_payload, to_payload
+from nsqpy.nsqd.policy import Counts, Effective, trim_topic
 from nsqpy.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class Topic:
         "message_count",
         "name",
         "paused",
+        "policy",
+        "policy_counts",
         "redefer",
     )
 
@@ -64,6 +67,9 @@ class Topic:
         self._held = 0
         # Deferred messages written to the backend at the last exit: ID → due (unix ns).
         self.redefer: dict[bytes, int] | None = None
+        # Message policies (policy.py) of the backlog; None when nothing applies.
+        self.policy: Effective | None = nsqd.policies.rules(name, None)
+        self.policy_counts: Counts | None = None
 
     def __repr__(self) -> str:
         return f"Topic({self.name})"
@@ -92,6 +98,20 @@ class Topic:
             self._put_backlog(msgs)
         self.message_count += len(msgs)
         self.message_bytes += sum(map(len, bodies))
+
+    def put_copies(self, copies: list[tuple[int, bytes]]) -> None:
+        """Publish ``(timestamp_ns, body)`` messages keeping their timestamps (dead letters,
+        policy.py): new IDs, attempts from zero; all or none (raises BackendError)."""
+        if self.exiting:
+            raise BackendError("exiting")
+        ids = self._ids.new_ids(len(copies))
+        msgs: list[Message] = [(i, ts, 0, body) for i, (ts, body) in zip(ids, copies, strict=True)]
+        if self._flowing:
+            self._put_channels(msgs)
+        else:
+            self._put_backlog(msgs)
+        self.message_count += len(msgs)
+        self.message_bytes += sum(len(body) for _, body in copies)
 
     def _put_channels(self, msgs: list[Message]) -> None:
         """Copy to every channel, all or nothing: if one refuses (a disk error), the
@@ -126,6 +146,8 @@ class Topic:
         else:
             # Go writes it to the backend, where the deferral is lost (spec §11).
             self._backend.put(to_payload(msg))
+        if self.policy is not None and not self._flowing:
+            trim_topic(self, self.policy)
         self.message_count += 1
         self.message_bytes += len(body)
 
@@ -136,6 +158,8 @@ class Topic:
             self._backend.put_many([to_payload(m) for m in msgs[max(room, 0) :]])
             msgs = msgs[:room] if room > 0 else []
         memory.extend(msgs)
+        if self.policy is not None:
+            trim_topic(self, self.policy)
         if self.channels and not self.paused and not self._held:
             self._nsqd.request_pump(self)
 

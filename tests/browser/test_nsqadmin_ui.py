@@ -301,6 +301,42 @@ def test_channel_actions(cluster: Cluster, admin: ServerProcess, new_page: NewPa
     assert cluster.lookupd_get("/channels?topic=chacts")["channels"] == []
 
 
+def test_channel_policy(cluster: Cluster, admin: ServerProcess, new_page: NewPage) -> None:
+    """Message policies (docs/POLICIES.md): set through the dialog on every nsqd, shown with
+    its counters, cleared; the dead-letter topic's page links back to the channel."""
+    for i in (0, 1):
+        cluster.nsqd_post(i, "/topic/create?topic=pol")
+        cluster.nsqd_post(i, "/channel/create?topic=pol&channel=c")
+        cluster.publish(i, "pol", 3)
+    cluster.wait_registered("pol", {0, 1}, "c")
+    page = new_page()
+    page.goto(url(admin, "topics/pol/c"))
+    page.get_by_role("button", name="Set Policy").click()
+    dialog = page.locator("#confirm-dialog")
+    dialog.locator('input[name="max_depth"]').fill("1")
+    dialog.locator('input[name="dead_letter_topic"]').fill("pol_dead")
+    confirm(page, "Set message policy")
+    card = page.locator("#channel-policy")
+    expect(card.locator("a", has_text="pol_dead")).to_be_visible()
+    # the policy trimmed each nsqd's queue to 1: two dead letters on each
+    expect(card.locator('[data-col="overflow_count"]')).to_have_text("4")
+    for i in (0, 1):
+        t = cluster.nsqd_topic(i, "pol")
+        assert t is not None and t["channels"][0]["policy"]["max_depth"] == 1
+    card.locator("a", has_text="pol_dead").click()
+    expect(page).to_have_url(url(admin, "topics/pol_dead"))
+    expect(page.locator("#topic-policy a", has_text="pol/c")).to_be_visible()
+    screenshot(page, "policy-dead-letter-topic")
+
+    page.goto(url(admin, "topics/pol/c"))
+    page.get_by_role("button", name="Clear Policy").click()
+    confirm(page, "Clear message policy")
+    expect(page.get_by_role("button", name="Clear Policy")).to_have_count(0)
+    for i in (0, 1):
+        t = cluster.nsqd_topic(i, "pol")
+        assert t is not None and "policy" not in t["channels"][0]
+
+
 def test_tombstone_a_producer(cluster: Cluster, admin: ServerProcess, new_page: NewPage) -> None:
     for i in (0, 1):
         cluster.publish(i, "tomb", 1)

@@ -67,6 +67,11 @@ SPEC_FLAGS: dict[str, tuple[str | None, object]] = {
     "min-output-buffer-timeout": ("min_output_buffer_timeout", 0.025),
     "output-buffer-timeout": ("output_buffer_timeout", 0.25),
     "max-channel-consumers": ("max_channel_consumers", 0),
+    # message policies (beyond NSQ, docs/POLICIES.md)
+    "max-attempts": ("max_attempts", 0),
+    "message-ttl": ("message_ttl", 0.0),
+    "max-queue-depth": ("max_queue_depth", 0),
+    "dead-letter-topic-suffix": ("dead_letter_topic_suffix", ""),
     "statsd-address": ("statsd_address", ""),
     "statsd-interval": ("statsd_interval", 60.0),
     "statsd-mem-stats": ("statsd_mem_stats", True),

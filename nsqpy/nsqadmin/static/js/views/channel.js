@@ -18,6 +18,7 @@ import {
   runAction,
 } from "../ui.js";
 import { e2e, hasE2E, lastValue, nodeLink, topologyBadges, topologyLabel } from "./common.js";
+import { policyAction, policyCard } from "./policy.js";
 
 function actions(channel) {
   if (!config.isAdmin) return "";
@@ -136,6 +137,10 @@ export default {
       const action = btn.dataset.action;
       const path = `api/topics/${enc(topicName)}/${enc(name)}`;
       const subject = html`<strong>${topicName}/${name}</strong>`.text;
+      if (action === "set_policy" || action === "clear_policy") {
+        if (await policyAction(action, path, "channel", subject)) await ctx.refreshNow();
+        return;
+      }
       if (action === "delete") {
         const ok = await runAction({
           title: "Delete channel",
@@ -208,6 +213,7 @@ export default {
               : []),
           ])}
           ${charts(history)}
+          ${policyCard(channel, "channel")}
           ${card("Channel on each nsqd", nodesTable(channel), { id: "channel-nodes" })}
           ${card("Client connections", clientsTable(channel), { id: "channel-clients" })}
         `.text;

@@ -18,6 +18,7 @@ import {
   runAction,
 } from "../ui.js";
 import { e2e, hasE2E, lastValue, nodeLink } from "./common.js";
+import { policyAction, policyCard } from "./policy.js";
 
 function actions(topic) {
   if (!config.isAdmin) return "";
@@ -114,6 +115,10 @@ export default {
       const action = btn.dataset.action;
       const path = `api/topics/${enc(name)}`;
       const subject = html`<strong>${name}</strong>`.text;
+      if (action === "set_policy" || action === "clear_policy") {
+        if (await policyAction(action, path, "topic", subject)) await ctx.refreshNow();
+        return;
+      }
       let ok = false;
       if (action === "delete") {
         ok = await runAction({
@@ -191,6 +196,7 @@ export default {
             { id: "nodes", label: "NSQd", value: num(topic.nodes.length) },
           ])}
           ${charts(history)}
+          ${policyCard(topic, "topic")}
           ${card("Topic message queues", nodesTable(topic, name), { id: "topic-nodes" })}
           ${card("Channels", channelsTable(topic, name, history), { id: "topic-channels" })}
         `.text;
