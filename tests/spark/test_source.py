@@ -17,6 +17,7 @@ from tests.spark._helpers import (
     drained,
     numbered,
     publish,
+    stats,
     wait_until,
 )
 from tests.spark.conftest import Cluster
@@ -36,6 +37,17 @@ def _stream(spark: Any, cluster: Cluster, topic: str, wal: Path, **options: obje
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
+
+
+def _to_parquet(df: Any, tmp_path: Path, **trigger: Any) -> Any:
+    """Start ``df`` → parquet under ``tmp_path`` (``out``, ``ckpt``) with ``trigger``."""
+    return (
+        df.writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(**trigger)
+        .start()
+    )
 
 
 def _parquet_counts(spark: Any, path: Path) -> tuple[int, int]:
@@ -76,17 +88,30 @@ def test_available_now_stops_when_drained(
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
     df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=1000)
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = _to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180), "the AvailableNow query did not stop"
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
     assert len([p for p in query.recentProgress if p["numInputRows"]]) >= 3
+
+
+def test_available_now_takes_the_topic_backlog(
+    spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """Issue 12 §2: messages published to a topic that had no channel yet, then a query with a
+    new channel and Trigger.AvailableNow. nsqd pumps the topic's backlog into the new channel
+    over time, so when the first batch is planned only part of it has reached the channel;
+    the query must still take all of it."""
+    n = 150_000
+    publish(cluster.tcp(), topic, numbered(n, size=100), chunk=5000)
+    assert stats(cluster.http(), topic)["depth"] == n  # all in the topic, no channel yet
+    df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=100_000)
+    query = _to_parquet(df, tmp_path, availableNow=True)
+    assert query.awaitTermination(240), "the AvailableNow query did not stop"
+    assert _parquet_counts(spark, tmp_path / "out") == (n, n)
+    assert drained(cluster.http(), topic, "spark")
+    # Admission control counted the backlog too: batches as large as the limit allows.
+    assert max(p["numInputRows"] for p in query.recentProgress) == 100_000
 
 
 def test_lookupd_discovery_two_nsqd(
@@ -109,13 +134,7 @@ def test_lookupd_discovery_two_nsqd(
         .option("walLocation", str(tmp_path / "wal"))
         .load()
     )
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = _to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180)
     out = spark.read.parquet(str(tmp_path / "out"))
     assert _parquet_counts(spark, tmp_path / "out") == (2 * per_nsqd, 2 * per_nsqd)
@@ -231,13 +250,7 @@ def test_stream_without_depth(spark: Any, cluster: Cluster, topic: str, tmp_path
         .option("idleTimeout", "300ms")
         .load()
     )
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = _to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180)
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
