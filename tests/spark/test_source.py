@@ -15,9 +15,12 @@ from tests.spark._helpers import (
     channel_stats,
     create_channel,
     drained,
+    lookup_count,
+    nsq_stream,
     numbered,
     publish,
     stats,
+    to_parquet,
     wait_until,
 )
 from tests.spark.conftest import Cluster
@@ -25,41 +28,16 @@ from tests.spark.conftest import Cluster
 pytestmark = pytest.mark.timeout(300)
 
 
-def _stream(spark: Any, cluster: Cluster, topic: str, wal: Path, **options: object) -> Any:
-    reader = (
-        spark.readStream.format("nsq")
-        .option("nsqdTCPAddresses", cluster.tcp())
-        .option("nsqdHTTPAddresses", cluster.http())
-        .option("topic", topic)
-        .option("channel", "spark")
-        .option("walLocation", str(wal))
-    )
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
-
-
-def _to_parquet(df: Any, tmp_path: Path, **trigger: Any) -> Any:
-    """Start ``df`` → parquet under ``tmp_path`` (``out``, ``ckpt``) with ``trigger``."""
-    return (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(**trigger)
-        .start()
-    )
-
-
 def _parquet_counts(spark: Any, path: Path) -> tuple[int, int]:
     df = spark.read.parquet(str(path))
     return df.count(), df.select("id", "nsqd").distinct().count()
 
 
-def test_stream_to_parquet(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
+def test_streamto_parquet(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
     n = 20_000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=5000)
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=5000)
     query = (
         df.writeStream.format("parquet")
         .option("path", str(tmp_path / "out"))
@@ -87,8 +65,8 @@ def test_available_now_stops_when_drained(
     n = 3000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=1000)
-    query = _to_parquet(df, tmp_path, availableNow=True)
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=1000)
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180), "the AvailableNow query did not stop"
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
@@ -105,8 +83,8 @@ def test_available_now_takes_the_topic_backlog(
     n = 150_000
     publish(cluster.tcp(), topic, numbered(n, size=100), chunk=5000)
     assert stats(cluster.http(), topic)["depth"] == n  # all in the topic, no channel yet
-    df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=100_000)
-    query = _to_parquet(df, tmp_path, availableNow=True)
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=100_000)
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(240), "the AvailableNow query did not stop"
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
@@ -117,13 +95,18 @@ def test_available_now_takes_the_topic_backlog(
 def test_lookupd_discovery_two_nsqd(
     spark: Any, cluster: Cluster, topic: str, tmp_path: Path
 ) -> None:
+    check_lookupd_two_nsqd(spark, cluster, topic, tmp_path)
+
+
+def check_lookupd_two_nsqd(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
+    """Both nsqd found through nsqlookupd, each read, every message once (also on the cluster)."""
     per_nsqd = 1500
     for i in range(2):
         create_channel(cluster.http(i), topic, "spark")
         publish(cluster.tcp(i), topic, numbered(per_nsqd, prefix=f"n{i}"))
     wait_until(
         "both nsqd to register the topic",
-        lambda: _lookup_count(cluster, topic) == 2,
+        lambda: lookup_count(cluster.lookupd_http, topic) == 2,
         30,
     )
     df = (
@@ -134,24 +117,12 @@ def test_lookupd_discovery_two_nsqd(
         .option("walLocation", str(tmp_path / "wal"))
         .load()
     )
-    query = _to_parquet(df, tmp_path, availableNow=True)
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180)
     out = spark.read.parquet(str(tmp_path / "out"))
     assert _parquet_counts(spark, tmp_path / "out") == (2 * per_nsqd, 2 * per_nsqd)
     by_nsqd = {r["nsqd"]: r["count"] for r in out.groupBy("nsqd").count().collect()}
     assert by_nsqd == {cluster.tcp(0): per_nsqd, cluster.tcp(1): per_nsqd}
-
-
-def _lookup_count(cluster: Cluster, topic: str) -> int:
-    import json
-    import urllib.request
-
-    url = f"http://{cluster.lookupd_http}/lookup?topic={topic}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return len(json.loads(resp.read()).get("producers") or [])
-    except OSError:
-        return 0
 
 
 def test_batch_read_max_messages(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
@@ -196,7 +167,7 @@ def test_crash_between_wal_and_fin(
     n = 4000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    df = _stream(
+    df = nsq_stream(
         spark,
         cluster,
         topic,
@@ -250,7 +221,7 @@ def test_stream_without_depth(spark: Any, cluster: Cluster, topic: str, tmp_path
         .option("idleTimeout", "300ms")
         .load()
     )
-    query = _to_parquet(df, tmp_path, availableNow=True)
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180)
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
