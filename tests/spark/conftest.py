@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from tests.spark._helpers import wait_until
 from tests.spark._standalone import ConnectServer, StandaloneCluster
 from tests.support.procs import NSQD, ServerPool, ServerProcess, ServerSpec
 
@@ -135,8 +136,12 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneC
 
 @pytest.fixture
 def cluster_spark(_spark_sessions: None, standalone: StandaloneCluster) -> Any:
-    """A session on the standalone cluster: two executors (separate JVMs, own Python workers)."""
-    return use_session(standalone.url)
+    """A session on the standalone cluster: two executors (separate JVMs, own Python workers),
+    both registered (on a busy machine an executor JVM takes a while to start)."""
+    session = use_session(standalone.url)
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus
+    wait_until("two executors to register", lambda: status().size() >= 3, 180, 0.5)  # + driver
+    return session
 
 
 @pytest.fixture(scope="session")

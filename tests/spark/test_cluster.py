@@ -50,15 +50,15 @@ def test_executor_killed_mid_batch(
     """SIGKILL of one executor JVM while a read task holds messages: Spark retries its tasks on
     the other executor, the worker starts a replacement, the dead task's messages come back from
     nsqd after msgTimeout; the parquet output has every message exactly once."""
-    n = 60_000
+    n = 40_000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n, size=100))
     df = nsq_stream(
-        cluster_spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=6000, msgTimeout="3s"
+        cluster_spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=5000, msgTimeout="3s"
     )
     query = to_parquet(df, tmp_path, processingTime="200 milliseconds")
     try:
-        wait_until("two executors", lambda: len(standalone.executor_pids()) == 2, 60)
+        wait_until("two executor JVMs", lambda: len(standalone.executor_pids()) == 2, 120)
         executors = standalone.executor_pids()
         # Mid-batch: a read task holds messages in flight.
         wait_until(
@@ -153,9 +153,9 @@ def test_driver_killed_and_restarted(
     """kill -9 of the driver (its own process group; the master then removes its executors)
     and a restart from the checkpoint, on the cluster: exactly once."""
     use_session(None)  # the driver below needs the cluster's cores
-    n = 20_000
+    n = 12_000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    config = driver_config(cluster, topic, tmp_path, standalone.url, per_trigger=4000)
+    config = driver_config(cluster, topic, tmp_path, standalone.url, per_trigger=3000)
     kills, counts = kill_and_drain(cluster.http(), topic, "spark", tmp_path, config, kills=1)
     assert counts == {"rows": n, "distinct": n, "bodies": n}, kills
