@@ -24,6 +24,7 @@ from tests.spark._helpers import (
     wait_until,
 )
 from tests.spark.conftest import Cluster
+from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -90,6 +91,28 @@ def test_available_now_takes_the_topic_backlog(
     assert drained(cluster.http(), topic, "spark")
     # Admission control counted the backlog too: batches as large as the limit allows.
     assert max(p["numInputRows"] for p in query.recentProgress) == 100_000
+
+
+def test_available_now_waits_for_messages_in_flight_elsewhere(
+    spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """A consumer died holding messages: nsqd puts them back only at its msg_timeout (a
+    disconnect does not requeue). AvailableNow waits for them instead of ending without them."""
+    n, held = 2000, 300
+    create_channel(cluster.http(), topic, "spark")
+    publish(cluster.tcp(), topic, numbered(n))
+    with RawClient(cluster.tcp()) as consumer:
+        consumer.identify_ok(msg_timeout=15_000)
+        consumer.sub(topic, "spark")
+        consumer.rdy(held)
+        consumer.read_messages(held, timeout=10)
+    assert channel_stats(cluster.http(), topic, "spark")["in_flight_count"] == held
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal")
+    query = to_parquet(df, tmp_path, availableNow=True)
+    assert query.awaitTermination(180), "the AvailableNow query did not stop"
+    assert _parquet_counts(spark, tmp_path / "out") == (n, n)
+    assert drained(cluster.http(), topic, "spark")
+    assert channel_stats(cluster.http(), topic, "spark")["timeout_count"] == held
 
 
 def test_lookupd_discovery_two_nsqd(
