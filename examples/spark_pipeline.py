@@ -1,10 +1,21 @@
 """A Spark Structured Streaming pipeline on NSQ: JSON events in, windowed aggregates to Parquet,
 alerts out to another topic.
 
+Locally (Spark's default master, ``local[*]``)::
+
     ./scripts/run.sh &                                           # nsqd on 127.0.0.1:4150 / 4151
     uv run python examples/spark_pipeline.py --generate 20000    # publish sample events, run, exit
     uv run python examples/spark_pipeline.py --continuous        # run until Ctrl-C
     uv run nsq_tail --topic alerts --nsqd-tcp-address 127.0.0.1:4150   # watch the alerts
+
+On a cluster, with ``spark-submit`` (the master comes from ``--master``; nsqpy must be
+importable on every executor, and ``--work`` must be a path every node sees, see docs/SPARK.md
+"Running on a cluster")::
+
+    SPARK_HOME=$(uv run python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')
+    PYSPARK_PYTHON=$PWD/.venv/bin/python $SPARK_HOME/bin/spark-submit \
+        --master spark://127.0.0.1:7077 --conf spark.executor.cores=1 \
+        examples/spark_pipeline.py --generate 20000 --work /shared/spark_pipeline
 
 Events on topic ``events`` look like ``{"ts": 1795291185.25, "user": "u7", "kind": "click",
 "value": 42.0}``. Two streaming queries read them, each on its own NSQ channel (every channel
@@ -20,8 +31,8 @@ Each query keeps its checkpoint and its NSQ write-ahead log under ``<work>/<quer
 the script with the same ``--work`` directory and it carries on where it stopped, without losing
 or repeating events in the Parquet output.
 
-Offline: the script sets ``PYSPARK_PYTHON`` to this interpreter, ``SPARK_LOCAL_IP`` to
-127.0.0.1 and disables the Spark UI; nothing is downloaded.
+Offline: the script sets ``PYSPARK_PYTHON`` to this interpreter (unless set), ``SPARK_LOCAL_IP``
+to 127.0.0.1 and disables the Spark UI; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -105,9 +116,10 @@ def main() -> None:
 
     from nsqpy.spark import NSQDataSource
 
+    # No .master(): spark-submit's --master (or spark.master in spark-defaults.conf) decides,
+    # and a plain `python examples/spark_pipeline.py` gets Spark's default, local[*].
     spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("nsq-spark-pipeline")
+        SparkSession.builder.appName("nsq-spark-pipeline")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -115,6 +127,7 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    print(f"Spark master: {spark.sparkContext.master}")
     spark.dataSource.register(NSQDataSource)
 
     def events(channel: str) -> Any:

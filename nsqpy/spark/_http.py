@@ -1,6 +1,7 @@
 """The HTTP calls the connector makes, blocking and stdlib-only: nsqlookupd ``/lookup`` and
-``/nodes`` (spec §4.3) for discovery, nsqd ``/stats`` (spec §3.2) for channel depth and
-``/channel/create`` so that a new query's channel starts retaining messages at once.
+``/nodes`` (spec §4.3) for discovery, nsqd ``/stats`` (spec §3.2) for what a channel holds and
+will receive, and ``/channel/create`` so that a new query's channel starts retaining messages at
+once.
 
 These run in the driver-side planner processes and, for the sink's discovery, in write tasks.
 """
@@ -16,9 +17,10 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 __all__ = [
+    "Backlog",
     "HTTPError",
     "Producer",
-    "channel_depth",
+    "channel_backlog",
     "lookup_producers",
     "lookupd_nodes",
 ]
@@ -113,21 +115,71 @@ def lookupd_nodes(lookupds: tuple[str, ...], timeout: float) -> list[Producer]:
     return _from_lookupds(lookupds, "/nodes", {}, timeout)
 
 
-def _find_channel(data: dict[str, Any], topic: str, channel: str) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Backlog:
+    """What one nsqd holds for a channel, from ``/stats``.
+
+    ``ready`` is the channel's depth (memory + disk): a consumer gets these now. ``incoming`` is
+    the topic's own depth, which nsqd moves into every channel of the topic over time: all of
+    it while the topic has no channel (a new query's channel then gets the whole backlog), and
+    whatever the topic's pump has not moved yet (nsqd moves it in steps, Go's messagePump one
+    message at a time). ``in_flight`` (delivered, neither FIN'd nor timed out: a dead consumer's
+    messages come back after ``msg_timeout``) and ``deferred`` are not ready either.
+    A paused topic moves nothing and a paused channel delivers nothing: they count as 0.
+    """
+
+    ready: int
+    incoming: int = 0
+    in_flight: int = 0
+    deferred: int = 0
+
+    @property
+    def available(self) -> int:
+        """What a read task can get now or while it reads: ready + incoming."""
+        return self.ready + self.incoming
+
+    @property
+    def in_transit(self) -> int:
+        """What the channel will get back later (in flight, deferred)."""
+        return self.in_flight + self.deferred
+
+    @property
+    def total(self) -> int:
+        return self.available + self.in_transit
+
+
+def _find_topic(data: dict[str, Any], topic: str) -> dict[str, Any] | None:
     for t in data.get("topics") or []:
         if t.get("topic_name") == topic:
-            for c in t.get("channels") or []:
-                if c.get("channel_name") == channel:
-                    return dict(c)
+            return dict(t)
     return None
 
 
-def channel_depth(http_address: str, topic: str, channel: str, timeout: float) -> int:
-    """The number of messages ready for ``channel`` on one nsqd (memory + disk depth).
+def _find_channel(topic_stats: dict[str, Any] | None, channel: str) -> dict[str, Any] | None:
+    for c in (topic_stats or {}).get("channels") or []:
+        if c.get("channel_name") == channel:
+            return dict(c)
+    return None
+
+
+def _backlog(topic_stats: dict[str, Any], channel_stats: dict[str, Any]) -> Backlog:
+    if channel_stats.get("paused"):
+        return Backlog(0)
+    incoming = 0 if topic_stats.get("paused") else int(topic_stats.get("depth") or 0)
+    return Backlog(
+        ready=int(channel_stats.get("depth") or 0),
+        incoming=incoming,
+        in_flight=int(channel_stats.get("in_flight_count") or 0),
+        deferred=int(channel_stats.get("deferred_count") or 0),
+    )
+
+
+def channel_backlog(http_address: str, topic: str, channel: str, timeout: float) -> Backlog:
+    """What ``channel`` holds and will receive on one nsqd (see :class:`Backlog`).
 
     A missing channel is created (``POST /topic/create``, then ``/channel/create``), as a
-    consumer's SUB would: from then on nsqd keeps every new message for it. Messages a topic held
-    while it had no channel at all flow into this first channel and are counted.
+    consumer's SUB would: from then on nsqd keeps every new message for it, and a topic that had
+    no channel at all moves its backlog into it (counted as ``incoming``).
     """
     params = {
         "format": "json",
@@ -137,8 +189,9 @@ def channel_depth(http_address: str, topic: str, channel: str, timeout: float) -
         "include_mem": "false",
     }
     data = get_json(_url(http_address, "/stats", params), timeout) or {}
-    stats = _find_channel(data, topic, channel)
-    if stats is None:
+    topic_stats = _find_topic(data, topic)
+    channel_stats = _find_channel(topic_stats, channel)
+    if channel_stats is None:
         # /channel/create needs the topic to exist (404 TOPIC_NOT_FOUND otherwise).
         for path, args in (
             ("/topic/create", {"topic": topic}),
@@ -149,7 +202,9 @@ def channel_depth(http_address: str, topic: str, channel: str, timeout: float) -
             if status != 200:
                 raise HTTPError(f"POST {url}: HTTP {status} {body[:200]!r}")
         data = get_json(_url(http_address, "/stats", params), timeout) or {}
-        stats = _find_channel(data, topic, channel)
-        if stats is None:
-            return 0
-    return int(stats.get("depth") or 0)
+        topic_stats = _find_topic(data, topic)
+        channel_stats = _find_channel(topic_stats, channel)
+        if topic_stats is None or channel_stats is None:
+            return Backlog(0)
+    assert topic_stats is not None
+    return _backlog(topic_stats, channel_stats)

@@ -6,11 +6,19 @@ driver, on the same object; they only *plan*. ``read`` runs in executor tasks, o
 unpickled from the planner's instance: only what ``__init__`` sets reaches it, and everything a
 batch needs travels in the :class:`~nsqpy.spark._offsets.PartitionPlan`.
 
-Planning reads each nsqd's channel depth from ``/stats`` (HTTP address from nsqlookupd's
-``/lookup`` producers, or the ``nsqdHTTPAddresses`` option) and caches it for 250 ms: Spark
-polls ``latestOffset`` every 10 ms when idle. Without a depth (no HTTP address, or ``/stats``
-failing) it plans a fixed quota and waits ``emptyPollInterval`` after a batch that found that
-nsqd empty.
+Planning reads from each nsqd's ``/stats`` (HTTP address from nsqlookupd's ``/lookup``
+producers, or the ``nsqdHTTPAddresses`` option) what the channel holds *and what is still on its
+way to it* (:class:`~nsqpy.spark._http.Backlog`): a channel created by the query gets the
+topic's backlog pumped in over time, so its depth alone undercounts. The answer is cached for
+250 ms: Spark polls ``latestOffset`` every 10 ms when idle. Without a depth (no HTTP address, or
+``/stats`` failing) it plans a fixed quota and waits ``emptyPollInterval`` after a batch that
+found that nsqd empty.
+
+Trigger.AvailableNow takes a snapshot of everything the channel holds or will get back
+(ready, incoming, in flight, deferred) and reads until that many rows were read, or nothing is
+left. When only messages in flight elsewhere or deferred remain, ``latestOffset`` waits for them
+(polling ``/stats``) up to ``IN_TRANSIT_WAIT`` before ending the query: returning "no new
+offset" is what ends an AvailableNow query.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from nsqpy.spark._http import HTTPError, Producer, channel_depth, lookup_producers
+from nsqpy.spark._http import Backlog, HTTPError, Producer, channel_backlog, lookup_producers
 from nsqpy.spark._offsets import (
     Offset,
     PartitionPlan,
@@ -52,6 +60,10 @@ HTTP_TIMEOUT: Final = 5.0
 MAX_ROWS_PER_BATCH: Final = 1_000_000
 # Batch reads leave their log behind for dedupe; whole runs older than this are removed.
 BATCH_RUN_RETENTION: Final = 3600.0
+# Trigger.AvailableNow: how long to wait for messages in flight elsewhere (they come back after
+# the consumer's msg_timeout, nsqd's default 60 s) or deferred, when nothing else is left.
+IN_TRANSIT_WAIT: Final = 75.0
+IN_TRANSIT_POLL: Final = 0.25
 
 
 class _Planner:
@@ -62,7 +74,7 @@ class _Planner:
         self.wal = WAL(options.wal_location, fsync=options.fsync)
         self.run = uuid.uuid4().hex[:12]
         self._producers: tuple[float, list[Producer]] | None = None
-        self._depths: tuple[float, dict[str, int | None]] | None = None
+        self._depths: tuple[float, dict[str, Backlog | None]] | None = None
         self._idle_until: dict[str, float] = {}
         self._accounted: set[tuple[str, int]] = set()
         # Trigger.AvailableNow: rows left per nsqd with a depth (None: not in that mode), the
@@ -71,6 +83,7 @@ class _Planner:
         self._available_unknown: set[str] = set()
         self._available_base: int | None = None
         self._drained: set[str] = set()
+        self._in_transit_wait = IN_TRANSIT_WAIT
 
     # -- discovery and depth ----------------------------------------------------------------
 
@@ -93,19 +106,19 @@ class _Planner:
             self._producers = (now, found)
         return self._producers[1]
 
-    def depths(self, *, fresh: bool = False) -> dict[str, int | None]:
-        """Ready messages per nsqd TCP address; None where unknown."""
+    def depths(self, *, fresh: bool = False) -> dict[str, Backlog | None]:
+        """The channel's backlog per nsqd TCP address; None where unknown."""
         now = time.monotonic()
         if not fresh and self._depths is not None and now - self._depths[0] < DEPTH_CACHE_SECONDS:
             return self._depths[1]
         o = self.options
-        depths: dict[str, int | None] = {}
+        depths: dict[str, Backlog | None] = {}
         for p in self.producers():
             if p.http_address is None:
                 depths[p.tcp_address] = None
                 continue
             try:
-                depths[p.tcp_address] = channel_depth(
+                depths[p.tcp_address] = channel_backlog(
                     p.http_address, o.topic, o.channel, HTTP_TIMEOUT
                 )
             except HTTPError as err:
@@ -149,6 +162,8 @@ class _Planner:
         self._account(start)
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else MAX_ROWS_PER_BATCH
         wants = self._wants(self.depths())
+        if not any(wants.values()) and self._awaits_in_transit():
+            wants = self._wait_for_in_transit()
         quotas = proportional(wants, budget)
         if not sum(quotas.values()):
             return start_json
@@ -157,8 +172,10 @@ class _Planner:
         )
         return Offset(start.run, start.batch + 1, parts).to_json()
 
-    def _wants(self, depths: dict[str, int | None]) -> dict[str, int]:
-        """How many messages each nsqd could give the next batch."""
+    def _wants(self, depths: dict[str, Backlog | None]) -> dict[str, int]:
+        """How many messages each nsqd could give the next batch: ready or on their way in.
+        In flight and deferred messages are left out: planning them would only make read tasks
+        wait; they are planned once they are back in the channel."""
         o = self.options
         now = time.monotonic()
         fallback = o.max_in_flight_per_connection * 4
@@ -168,7 +185,7 @@ class _Planner:
                 idle = now < self._idle_until.get(address, 0.0)
                 wants[address] = 0 if idle or address in self._drained else fallback
             else:
-                wants[address] = depth
+                wants[address] = depth.available
             if self._available is not None:
                 if address in self._available:
                     wants[address] = min(wants[address], max(0, self._available[address]))
@@ -176,10 +193,37 @@ class _Planner:
                     wants[address] = 0  # an nsqd that appeared after the query started
         return wants
 
+    def _awaits_in_transit(self) -> bool:
+        """Trigger.AvailableNow with rows still owed by an nsqd whose channel has nothing ready
+        but messages in flight or deferred (in the cached stats)."""
+        if self._available is None or self._depths is None:
+            return False
+        return any(
+            backlog is not None and backlog.in_transit > 0 and self._available.get(a, 0) > 0
+            for a, backlog in self._depths[1].items()
+        )
+
+    def _wait_for_in_transit(self) -> dict[str, int]:
+        """Poll ``/stats`` until something is ready again, nothing is in transit any more, or
+        ``IN_TRANSIT_WAIT`` passed; the wants at that point."""
+        deadline = time.monotonic() + self._in_transit_wait
+        log.info("nsq source: AvailableNow waits for in-flight or deferred messages")
+        while True:
+            time.sleep(IN_TRANSIT_POLL)
+            wants = self._wants(self.depths(fresh=True))
+            if any(wants.values()) or not self._awaits_in_transit():
+                return wants
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "nsq source: AvailableNow ends with messages still in flight or deferred"
+                )
+                return wants
+
     def prepare_available_now(self) -> None:
-        """Trigger.AvailableNow: read what is there now, then stop (depth 0 or budget spent)."""
+        """Trigger.AvailableNow: read what the channel holds or will get (ready, incoming, in
+        flight, deferred) when the query starts, then stop (budget spent or nothing left)."""
         depths = self.depths(fresh=True)
-        self._available = {a: d for a, d in depths.items() if d is not None}
+        self._available = {a: d.total for a, d in depths.items() if d is not None}
         self._available_unknown = {a for a, d in depths.items() if d is None}
         self._available_base = None
         self._drained = set()
@@ -259,14 +303,14 @@ class NSQBatchReader(DataSourceReader):
             log.warning("nsq source: WAL garbage collection failed: %s", err)
         depths = planner.depths(fresh=True)
         if o.max_messages is not None:
-            known = {a: d for a, d in depths.items() if d is not None}
+            known = {a: d.available for a, d in depths.items() if d is not None}
             if len(known) == len(depths):
                 wants = proportional(known, o.max_messages)
             else:  # without every depth, share maxMessages evenly
                 wants = _even_split(list(depths), o.max_messages)
         else:
             fallback = o.max_messages_per_partition
-            wants = {a: fallback if d is None else d for a, d in depths.items()}
+            wants = {a: fallback if d is None else d.available for a, d in depths.items()}
         parts = plan_partitions(
             wants, o.num_partitions or max(2, len(wants)), o.max_messages_per_partition
         )

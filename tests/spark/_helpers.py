@@ -6,10 +6,14 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nsqpy.spark._conn import Publisher
 from nsqpy.wire.v2 import encode_mpub
+
+if TYPE_CHECKING:
+    from tests.spark.conftest import Cluster
 
 T = TypeVar("T")
 
@@ -77,3 +81,39 @@ def wait_until(what: str, fn: Callable[[], T | None], timeout: float, interval: 
 def drained(http_address: str, topic: str, channel: str) -> bool:
     c = channel_stats(http_address, topic, channel)
     return bool(c) and c["depth"] == 0 and c["in_flight_count"] == 0 and c["deferred_count"] == 0
+
+
+def lookup_count(lookupd_http: str, topic: str) -> int:
+    """How many nsqd nsqlookupd lists as producers of ``topic`` (0 if it does not answer)."""
+    url = f"http://{lookupd_http}/lookup?topic={topic}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return len(json.loads(resp.read()).get("producers") or [])
+    except OSError:
+        return 0
+
+
+def nsq_stream(spark: Any, cluster: Cluster, topic: str, wal: Path, **options: object) -> Any:
+    """``spark.readStream.format("nsq")`` on the first nsqd of ``cluster``, channel "spark"."""
+    reader = (
+        spark.readStream.format("nsq")
+        .option("nsqdTCPAddresses", cluster.tcp())
+        .option("nsqdHTTPAddresses", cluster.http())
+        .option("topic", topic)
+        .option("channel", "spark")
+        .option("walLocation", str(wal))
+    )
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def to_parquet(df: Any, tmp_path: Path, **trigger: Any) -> Any:
+    """Start ``df`` → parquet under ``tmp_path`` (``out``, ``ckpt``) with ``trigger``."""
+    return (
+        df.writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(**trigger)
+        .start()
+    )

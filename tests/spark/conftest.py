@@ -1,5 +1,6 @@
 """Fixtures for the Spark connector tests: one local Spark session for the whole run (start-up
-takes about 10 s), configured to work offline, and real nsqd/nsqlookupd processes.
+takes about 10 s), configured to work offline, real nsqd/nsqlookupd processes, and one Spark
+standalone cluster shared by the cluster tests (tests/spark/_standalone.py).
 
 The session is ``local[2,4]``: two cores, and a failed task is retried up to 4 times, which the
 fault-injection tests need (a plain ``local[2]`` never retries).
@@ -21,6 +22,8 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+from tests.spark._helpers import wait_until
+from tests.spark._standalone import ConnectServer, StandaloneCluster
 from tests.support.procs import NSQD, ServerPool, ServerProcess, ServerSpec
 
 
@@ -48,10 +51,19 @@ SPARK_ENV = {
 _names = itertools.count(1)
 
 
-def spark_builder(master: str = "local[2,4]") -> Any:
+# Executors of the standalone cluster: one core each, within the workers' 1g.
+CLUSTER_CONF = {
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "900m",
+    "spark.executorEnv.NSQPY_SPARK_TEST_HOOKS": "1",
+    "spark.executorEnv.PYARROW_IGNORE_TIMEZONE": "1",
+}
+
+
+def spark_builder(master: str = "local[2,4]", conf: dict[str, str] | None = None) -> Any:
     from pyspark.sql import SparkSession
 
-    return (
+    builder = (
         SparkSession.builder.master(master)
         .appName("nsqpy-spark-tests")
         .config("spark.ui.enabled", "false")
@@ -61,20 +73,87 @@ def spark_builder(master: str = "local[2,4]") -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.pollingDelay", "50ms")
     )
+    if master.startswith("spark://"):
+        conf = {**CLUSTER_CONF, **(conf or {})}
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def _need_java() -> None:
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("Spark needs Java 17 (java on PATH or JAVA_HOME)")
+
+
+# One SparkContext per JVM: the tests' session is on one master at a time (local[2,4], or the
+# standalone cluster for tests/spark/test_cluster.py); switching stops the other one.
+_current: list[tuple[str, Any]] = []
+
+
+def use_session(master: str | None) -> Any:
+    """The session on ``master`` (created if needed); None: no session (stops the current)."""
+    if _current and _current[0][0] == master:
+        return _current[0][1]
+    if _current:
+        _current.pop()[1].stop()
+    if master is None:
+        return None
+    _need_java()
     os.environ.update(SPARK_ENV)
     from nsqpy.spark import NSQDataSource
 
-    session = spark_builder().getOrCreate()
+    session = spark_builder(master).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(NSQDataSource)
-    yield session
-    session.stop()
+    _current.append((master, session))
+    return session
+
+
+@pytest.fixture(scope="session")
+def _spark_sessions() -> Iterator[None]:
+    yield
+    use_session(None)
+
+
+@pytest.fixture
+def spark(_spark_sessions: None) -> Any:
+    """A local[2,4] session (shared by the whole run)."""
+    return use_session("local[2,4]")
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """One Spark standalone cluster (a master, two 1-core workers) for every cluster test."""
+    _need_java()
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-standalone"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        use_session(None)  # the executors of a session on it go first
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_spark(_spark_sessions: None, standalone: StandaloneCluster) -> Any:
+    """A session on the standalone cluster: two executors (separate JVMs, own Python workers),
+    both registered (on a busy machine an executor JVM takes a while to start)."""
+    session = use_session(standalone.url)
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus
+    wait_until("two executors to register", lambda: status().size() >= 3, 180, 0.5)  # + driver
+    return session
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """A Spark Connect server (local[2]) whose Python is this venv's (it has nsqpy)."""
+    _need_java()
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    try:
+        server.start("local[2]")
+        yield server
+    finally:
+        server.stop()
 
 
 @dataclass

@@ -15,27 +15,18 @@ from tests.spark._helpers import (
     channel_stats,
     create_channel,
     drained,
+    lookup_count,
+    nsq_stream,
     numbered,
     publish,
+    stats,
+    to_parquet,
     wait_until,
 )
 from tests.spark.conftest import Cluster
+from tests.support.rawclient import RawClient
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _stream(spark: Any, cluster: Cluster, topic: str, wal: Path, **options: object) -> Any:
-    reader = (
-        spark.readStream.format("nsq")
-        .option("nsqdTCPAddresses", cluster.tcp())
-        .option("nsqdHTTPAddresses", cluster.http())
-        .option("topic", topic)
-        .option("channel", "spark")
-        .option("walLocation", str(wal))
-    )
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.load()
 
 
 def _parquet_counts(spark: Any, path: Path) -> tuple[int, int]:
@@ -43,11 +34,11 @@ def _parquet_counts(spark: Any, path: Path) -> tuple[int, int]:
     return df.count(), df.select("id", "nsqd").distinct().count()
 
 
-def test_stream_to_parquet(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
+def test_streamto_parquet(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
     n = 20_000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=5000)
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=5000)
     query = (
         df.writeStream.format("parquet")
         .option("path", str(tmp_path / "out"))
@@ -75,30 +66,70 @@ def test_available_now_stops_when_drained(
     n = 3000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    df = _stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=1000)
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=1000)
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180), "the AvailableNow query did not stop"
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
     assert len([p for p in query.recentProgress if p["numInputRows"]]) >= 3
 
 
+def test_available_now_takes_the_topic_backlog(
+    spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """Issue 12 §2: messages published to a topic that had no channel yet, then a query with a
+    new channel and Trigger.AvailableNow. nsqd pumps the topic's backlog into the new channel
+    over time, so when the first batch is planned only part of it has reached the channel;
+    the query must still take all of it."""
+    n = 150_000
+    publish(cluster.tcp(), topic, numbered(n, size=100), chunk=5000)
+    assert stats(cluster.http(), topic)["depth"] == n  # all in the topic, no channel yet
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=100_000)
+    query = to_parquet(df, tmp_path, availableNow=True)
+    assert query.awaitTermination(240), "the AvailableNow query did not stop"
+    assert _parquet_counts(spark, tmp_path / "out") == (n, n)
+    assert drained(cluster.http(), topic, "spark")
+    # Admission control counted the backlog too: batches as large as the limit allows.
+    assert max(p["numInputRows"] for p in query.recentProgress) == 100_000
+
+
+def test_available_now_waits_for_messages_in_flight_elsewhere(
+    spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """A consumer died holding messages: nsqd puts them back only at its msg_timeout (a
+    disconnect does not requeue). AvailableNow waits for them instead of ending without them."""
+    n, held = 2000, 300
+    create_channel(cluster.http(), topic, "spark")
+    publish(cluster.tcp(), topic, numbered(n))
+    with RawClient(cluster.tcp()) as consumer:
+        consumer.identify_ok(msg_timeout=15_000)
+        consumer.sub(topic, "spark")
+        consumer.rdy(held)
+        consumer.read_messages(held, timeout=10)
+    assert channel_stats(cluster.http(), topic, "spark")["in_flight_count"] == held
+    df = nsq_stream(spark, cluster, topic, tmp_path / "wal")
+    query = to_parquet(df, tmp_path, availableNow=True)
+    assert query.awaitTermination(180), "the AvailableNow query did not stop"
+    assert _parquet_counts(spark, tmp_path / "out") == (n, n)
+    assert drained(cluster.http(), topic, "spark")
+    assert channel_stats(cluster.http(), topic, "spark")["timeout_count"] == held
+
+
 def test_lookupd_discovery_two_nsqd(
     spark: Any, cluster: Cluster, topic: str, tmp_path: Path
 ) -> None:
+    check_lookupd_two_nsqd(spark, cluster, topic, tmp_path)
+
+
+def check_lookupd_two_nsqd(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
+    """Both nsqd found through nsqlookupd, each read, every message once (also on the cluster)."""
     per_nsqd = 1500
     for i in range(2):
         create_channel(cluster.http(i), topic, "spark")
         publish(cluster.tcp(i), topic, numbered(per_nsqd, prefix=f"n{i}"))
     wait_until(
         "both nsqd to register the topic",
-        lambda: _lookup_count(cluster, topic) == 2,
+        lambda: lookup_count(cluster.lookupd_http, topic) == 2,
         30,
     )
     df = (
@@ -109,30 +140,12 @@ def test_lookupd_discovery_two_nsqd(
         .option("walLocation", str(tmp_path / "wal"))
         .load()
     )
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180)
     out = spark.read.parquet(str(tmp_path / "out"))
     assert _parquet_counts(spark, tmp_path / "out") == (2 * per_nsqd, 2 * per_nsqd)
     by_nsqd = {r["nsqd"]: r["count"] for r in out.groupBy("nsqd").count().collect()}
     assert by_nsqd == {cluster.tcp(0): per_nsqd, cluster.tcp(1): per_nsqd}
-
-
-def _lookup_count(cluster: Cluster, topic: str) -> int:
-    import json
-    import urllib.request
-
-    url = f"http://{cluster.lookupd_http}/lookup?topic={topic}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return len(json.loads(resp.read()).get("producers") or [])
-    except OSError:
-        return 0
 
 
 def test_batch_read_max_messages(spark: Any, cluster: Cluster, topic: str, tmp_path: Path) -> None:
@@ -177,7 +190,7 @@ def test_crash_between_wal_and_fin(
     n = 4000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    df = _stream(
+    df = nsq_stream(
         spark,
         cluster,
         topic,
@@ -231,13 +244,7 @@ def test_stream_without_depth(spark: Any, cluster: Cluster, topic: str, tmp_path
         .option("idleTimeout", "300ms")
         .load()
     )
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "out"))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = to_parquet(df, tmp_path, availableNow=True)
     assert query.awaitTermination(180)
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
