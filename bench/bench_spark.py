@@ -1,21 +1,26 @@
-"""Throughput of the PySpark connector: NSQ source → Parquet, and DataFrame → NSQ sink.
+"""Throughput of the PySpark connector against Spark's own ceiling, in one run.
 
-    uv run python bench/bench_spark.py                       # 500k messages of 100 bytes
-    uv run python bench/bench_spark.py --messages 1000000 --per-trigger 200000
+    uv run python bench/bench_spark.py                       # 2,000,000 x 100 B, 500,000 per trigger
+    uv run python bench/bench_spark.py --messages 1000000 --per-trigger 100000
     uv run python bench/bench_spark.py --nsqd-tcp 127.0.0.1:4150 --nsqd-http 127.0.0.1:4151
 
 Starts a fresh nsqd (``python -m nsqpy.nsqd`` on 127.0.0.1, port 0, temp data dir) unless
 ``--nsqd-tcp``/``--nsqd-http`` are given, and a local Spark (``--master local[2]``) set up to run
-offline. Then:
+offline. Then, in the same Spark session:
 
 1. publishes the messages (pipelined MPUB; not part of the figures);
-2. **source → parquet**: a streaming query with ``Trigger.AvailableNow`` and
-   ``maxMessagesPerTrigger``, WAL on local disk, into Spark's parquet file sink. Reported as
-   wall time from ``start()`` to termination, and as rows over the summed micro-batch times
-   (``steady``: without the query's start-up);
-3. **DataFrame → sink**: a cached DataFrame of the same bodies, ``df.write.format("nsq")``.
+2. **no-op → parquet** (the ceiling): a Python streaming Data Source whose ``read()`` yields
+   prebuilt Arrow record batches of 10,000 rows (``id`` string, ``body`` binary),
+   ``--partitions`` partitions per micro-batch, the same rows and triggers as the ``nsq`` run;
+3. **nsq → parquet**: the ``nsq`` source with ``Trigger.AvailableNow`` and
+   ``maxMessagesPerTrigger``, WAL on local disk (fsync on), into Spark's parquet file sink;
+4. the **ratio** nsq / no-op of the steady rates (rows over the summed micro-batch times of the
+   batches after the first, which pays for the Python workers' start-up);
+5. **DataFrame → sink**: a cached DataFrame of the same bodies, ``df.write.format("nsq")``, and
+   the streaming sink: the no-op source ``writeStream.format("nsq")`` with ``Trigger.AvailableNow``.
 
-Both check their counts (parquet rows read back through Spark; nsqd's topic message_count).
+Every figure checks its count (parquet rows read back through Spark; nsqd's topic
+message_count). ``BENCH_VERBOSE=1`` prints every micro-batch's ``durationMs``.
 """
 
 from __future__ import annotations
@@ -114,18 +119,167 @@ def publish(tcp: str, topic: str, n: int, size: int) -> float:
     return time.monotonic() - started
 
 
+def noop_source(rows_per_batch: int = 10_000) -> Any:
+    """The ceiling: a streaming Python Data Source named ``noop_arrow`` with the options
+    ``messages``, ``perTrigger`` and ``partitions``, whose ``read()`` only yields prebuilt Arrow
+    batches (``id`` string, ``body`` binary, 100-byte bodies)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import (
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.total = int(options["messages"])
+            self.per_trigger = int(options["pertrigger"])
+            self.parts = int(options["partitions"])
+
+        def initialOffset(self) -> dict[str, Any]:
+            return {"n": 0}
+
+        def getDefaultReadLimit(self) -> ReadLimit:
+            return ReadMaxRows(self.per_trigger)
+
+        def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else self.total
+            return {"n": min(self.total, start["n"] + cap)}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Any:
+            rows = end["n"] - start["n"]
+            base, extra = divmod(rows, self.parts)
+            return [InputPartition(base + (1 if j < extra else 0)) for j in range(self.parts)]
+
+        def read(self, partition: InputPartition) -> Any:
+            import pyarrow as pa
+
+            n = int(partition.value)
+            full = pa.RecordBatch.from_arrays(
+                [
+                    pa.array([f"{i:016x}" for i in range(rows_per_batch)], pa.string()),
+                    pa.array([b"x" * 100] * rows_per_batch, pa.binary()),
+                ],
+                names=["id", "body"],
+            )
+            for start in range(0, n, rows_per_batch):
+                yield full.slice(0, min(rows_per_batch, n - start))
+
+        def commit(self, end: dict[str, Any]) -> None:
+            pass
+
+    class NoopArrowSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "noop_arrow"
+
+        def schema(self) -> str:
+            return "id string, body binary"
+
+        def streamReader(self, schema: Any) -> Any:
+            return NoopReader(dict(self.options))
+
+    return NoopArrowSource
+
+
+def steady_rate(query: Any, label: str) -> tuple[float, int, int]:
+    """Rows/s over the micro-batches after the first, their rows and count."""
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    if os.environ.get("BENCH_VERBOSE"):
+        for p in progress:
+            print(f"  {label} batch {p['batchId']}: {p['numInputRows']:,} rows", p["durationMs"])
+    later = progress[1:] or progress
+    busy = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
+    rows = sum(p["numInputRows"] for p in later)
+    return (rows / busy if busy else 0.0), rows, len(later)
+
+
+def run_to_parquet(spark: Any, df: Any, work: str, name: str, expect: int) -> tuple[float, str]:
+    """Run ``df`` into parquet with Trigger.AvailableNow; (steady rows/s, summary line)."""
+    out = os.path.join(work, f"out-{name}")
+    started = time.monotonic()
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", os.path.join(work, f"ckpt-{name}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.monotonic() - started
+    rate, rows, batches = steady_rate(query, name)
+    count = spark.read.parquet(out).count()
+    status = "OK" if count == expect else f"MISMATCH ({count:,} rows)"
+    return rate, (
+        f"{name} -> parquet: steady {rate:,.0f} rows/s ({rows:,} rows in {batches} batches "
+        f"after the first); {expect:,} in {wall:.1f}s wall incl. start-up [{status}]"
+    )
+
+
+def tree_cpu(nsqd_pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) so far of nsqd, Spark's JVM, its Python workers and this
+    driver process, read from /proc (Linux; empty elsewhere). Exited processes are not
+    counted, so a difference is a lower bound."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    procs: dict[int, tuple[int, str, float]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                comm, _, rest = f.read().rpartition(")")
+            fields = rest.split()
+            procs[int(name)] = (
+                int(fields[1]),
+                comm.partition("(")[2],
+                (int(fields[11]) + int(fields[12])) / ticks,
+            )
+        except (OSError, ValueError, IndexError):
+            continue
+    me = os.getpid()
+    out = {"nsqd": 0.0, "jvm": 0.0, "python workers": 0.0, "driver": 0.0}
+    for pid, (ppid, comm, cpu) in procs.items():
+        if pid == nsqd_pid:
+            out["nsqd"] += cpu
+        elif pid == me:
+            out["driver"] += cpu
+        else:
+            up = ppid
+            while up > 1 and up != me and up in procs:
+                up = procs[up][0]
+            if up == me:
+                out["jvm" if comm == "java" else "python workers"] += cpu
+    return out
+
+
+def cpu_line(before: dict[str, float], after: dict[str, float], rows: int) -> str:
+    parts = [f"{k} {(after[k] - before[k]) / rows * 1e6:.2f}" for k in before]
+    return "  cpu us/row: " + ", ".join(parts)
+
+
+def load_line() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return "load " + " ".join(f.read().split()[:3])
+    except OSError:
+        return "load n/a"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--messages", type=int, default=500_000)
+    parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--per-trigger", type=int, default=100_000)
-    parser.add_argument("--partitions", type=int, default=2, help="the source's numPartitions")
+    parser.add_argument("--per-trigger", type=int, default=500_000)
+    parser.add_argument("--partitions", type=int, default=2, help="numPartitions of both sources")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--nsqd-tcp")
     parser.add_argument("--nsqd-http")
-    parser.add_argument("--skip-source", action="store_true")
+    parser.add_argument("--skip-source", action="store_true", help="no source runs (sink only)")
     parser.add_argument("--skip-sink", action="store_true")
     args = parser.parse_args()
 
@@ -160,9 +314,19 @@ def main() -> None:
         )
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(NSQDataSource)
+        spark.dataSource.register(noop_source())
         print(f"spark {spark.version} {args.master} started in {time.monotonic() - t0:.1f}s")
         n, size = args.messages, args.size
         stamp = int(time.time())
+
+        def noop_df() -> Any:
+            return (
+                spark.readStream.format("noop_arrow")
+                .option("messages", n)
+                .option("perTrigger", args.per_trigger)
+                .option("partitions", args.partitions)
+                .load()
+            )
 
         if not args.skip_source:
             topic = f"bench_src_{stamp}"
@@ -170,44 +334,41 @@ def main() -> None:
             http_post(f"http://{http}/channel/create?topic={topic}&channel=spark")
             took = publish(tcp, topic, n, size)
             print(f"published {n:,} x {size} B in {took:.1f}s ({n / took:,.0f} msgs/s)")
-            df = (
-                spark.readStream.format("nsq")
-                .option("nsqdTCPAddresses", tcp)
-                .option("nsqdHTTPAddresses", http)
-                .option("topic", topic)
-                .option("channel", "spark")
-                .option("walLocation", os.path.join(work, "wal"))
-                .option("maxMessagesPerTrigger", args.per_trigger)
-                .option("numPartitions", args.partitions)
-                .load()
-            )
-            out = os.path.join(work, "out")
-            started = time.monotonic()
-            query = (
-                df.writeStream.format("parquet")
-                .option("path", out)
-                .option("checkpointLocation", os.path.join(work, "ckpt"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            wall = time.monotonic() - started
-            progress = [p for p in query.recentProgress if p["numInputRows"]]
-            if os.environ.get("BENCH_VERBOSE"):
-                for p in progress:
-                    print(p["batchId"], p["numInputRows"], json.dumps(p["durationMs"]))
-            # Steady state: the batches after the first, which pays for the Python workers'
-            # start, the planner and the JIT warm-up.
-            later = progress[1:]
-            busy = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
-            later_rows = sum(p["numInputRows"] for p in later)
-            rows = spark.read.parquet(out).count()
-            status = "OK" if rows == n else f"MISMATCH ({rows:,} rows)"
-            steady = f"{later_rows / busy:,.0f}" if busy else "n/a"
+            print(f"{n:,} rows, {args.per_trigger:,} per trigger, {args.partitions} partitions")
+            print(f"[{load_line()}]")
+            nsqd_pid = nsqd.pid if nsqd is not None else None
+            # The ceiling is measured before and after the nsq run (the machine is shared and
+            # the JVM warms up): the ratio uses their mean.
+            noop_rates = []
+            for name in ("noop", "nsq", "noop-again"):
+                cpu0 = tree_cpu(nsqd_pid)
+                if name == "nsq":
+                    df = (
+                        spark.readStream.format("nsq")
+                        .option("nsqdTCPAddresses", tcp)
+                        .option("nsqdHTTPAddresses", http)
+                        .option("topic", topic)
+                        .option("channel", "spark")
+                        .option("walLocation", os.path.join(work, "wal"))
+                        .option("maxMessagesPerTrigger", args.per_trigger)
+                        .option("numPartitions", args.partitions)
+                        .load()
+                    )
+                else:
+                    df = noop_df()
+                rate, line = run_to_parquet(spark, df, work, name, n)
+                print(line)
+                print(cpu_line(cpu0, tree_cpu(nsqd_pid), n))
+                print(f"[{load_line()}]")
+                if name == "nsq":
+                    nsq_rate = rate
+                else:
+                    noop_rates.append(rate)
+            noop_rate = sum(noop_rates) / len(noop_rates)
+            ratio = nsq_rate / noop_rate if noop_rate else 0.0
             print(
-                f"source -> parquet: {n:,} msgs in {wall:.1f}s wall = {n / wall:,.0f} msgs/s "
-                f"(query start-up included); steady {steady} msgs/s "
-                f"({later_rows:,} msgs in {len(later)} batches after the first) [{status}]"
+                f"RESULT source: nsq {nsq_rate:,.0f} rows/s, no-op {noop_rate:,.0f} rows/s "
+                f"(mean of {', '.join(f'{r:,.0f}' for r in noop_rates)}), ratio {ratio:.2f}"
             )
 
         if not args.skip_sink:
@@ -225,11 +386,34 @@ def main() -> None:
                 "topic", topic
             ).save()
             took = time.monotonic() - started
+            bodies.unpersist()
             count = topic_stats(http, topic).get("message_count", 0)
             status = "OK" if count == n else f"MISMATCH ({count:,} published)"
             print(
-                f"dataframe -> sink: {n:,} msgs in {took:.1f}s = {n / took:,.0f} msgs/s [{status}]"
+                f"dataframe -> sink (batch): {n:,} msgs in {took:.1f}s = {n / took:,.0f} msgs/s "
+                f"[{status}]"
             )
+            # Streaming: the no-op source into the sink; the topic now holds 2n when all is well.
+            started = time.monotonic()
+            query = (
+                noop_df()
+                .writeStream.format("nsq")
+                .option("nsqdTCPAddresses", tcp)
+                .option("topic", topic)
+                .option("checkpointLocation", os.path.join(work, "ckpt-sink"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            wall = time.monotonic() - started
+            rate, rows, batches = steady_rate(query, "sink")
+            count = topic_stats(http, topic).get("message_count", 0) - n
+            status = "OK" if count == n else f"MISMATCH ({count:,} published)"
+            print(
+                f"no-op -> sink (streaming): steady {rate:,.0f} msgs/s ({rows:,} in {batches} "
+                f"batches after the first); {n:,} in {wall:.1f}s wall incl. start-up [{status}]"
+            )
+            print(f"[{load_line()}]")
         spark.stop()
     finally:
         if nsqd is not None:

@@ -15,16 +15,24 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from typing import Any, Final
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from nsqpy.spark._options import split_host_port
 from nsqpy.wire.v2 import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
     MAGIC_V2,
+    MESSAGE_HEADER_SIZE,
+    MSG_ID_LENGTH,
+    encode_fin,
     encode_identify,
     encode_rdy,
     encode_sub,
@@ -39,9 +47,15 @@ __all__ = [
 ]
 
 _FRAME = struct.Struct(">ii")
-# size, frame type, then the message header: timestamp (ns), attempts, 16-byte id.
-_MESSAGE = struct.Struct(">iiqH16s")
 _RECV_SIZE: Final = 1 << 20
+# Where a message frame's fields are, counted from the frame's first byte: size (4), frame type
+# (4), then the message header: timestamp (8, ns), attempts (2), id (16), then the body.
+_TS_AT: Final = 8
+_ATTEMPTS_AT: Final = 16
+_ID_AT: Final = 18
+_BODY_AT: Final = 8 + MESSAGE_HEADER_SIZE
+_TO_THE_END: Final = 1 << 40  # binary_slice's stop for "the rest of the value"
+_SWAP: Final = sys.byteorder == "little"  # the wire is big-endian
 _HEARTBEAT: Final = b"_heartbeat_"
 _NON_FATAL: Final = (b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED")
 USER_AGENT: Final = "nsqpy-spark/0.1.0"
@@ -60,18 +74,68 @@ class NSQErrorFrame(Exception):
 
 
 class Columns:
-    """The messages a read task keeps, as column lists ready for Arrow."""
+    """The messages a read task keeps, ready for Arrow: whole-buffer pieces, not per-message
+    objects (:meth:`ConsumerConnection.feed` cuts them out of each receive buffer)."""
 
     __slots__ = ("attempts", "bodies", "ids", "timestamps")
 
     def __init__(self) -> None:
-        self.ids: list[bytes] = []
-        self.timestamps: list[int] = []
-        self.attempts: list[int] = []
-        self.bodies: list[bytes] = []
+        self.ids = bytearray()  # 16 bytes per message
+        self.timestamps = array("q")  # ns since the epoch
+        self.attempts = array("H")
+        self.bodies: list[Any] = []  # pyarrow binary arrays
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.attempts)
+
+    def append(self, msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> None:
+        """Add one message (tests; the read path adds whole buffers)."""
+        self.ids += msg_id
+        self.timestamps.append(timestamp)
+        self.attempts.append(attempts)
+        self.bodies.append(pa.array([body], pa.binary()))
+
+    def add_frames(self, frames: Any, ids: bytes, attempts: bytes) -> None:
+        """Add message frames (a binary array, one whole frame per value) whose ids and
+        big-endian attempts were already cut out."""
+        k = len(frames)
+        timestamps = array("q", _data(pc.binary_slice(frames, _TS_AT, _ATTEMPTS_AT), 8 * k))
+        counts = array("H", attempts)
+        if _SWAP:
+            timestamps.byteswap()
+            counts.byteswap()
+        self.ids += ids
+        self.timestamps.extend(timestamps)
+        self.attempts.extend(counts)
+        self.bodies.append(pc.binary_slice(frames, _BODY_AT, _TO_THE_END))
+
+
+def _data(column: Any, size: int) -> bytes:
+    """The first ``size`` bytes of a fresh binary array's values (one contiguous buffer)."""
+    return bytes(column.buffers()[2][:size].to_pybytes())
+
+
+def id_commands(verb: bytes, ids: bytes, tail: bytes = b"\n") -> bytes:
+    """``<verb> <id><tail>`` for every 16-byte id in ``ids``, built with strided copies (one
+    per byte column) instead of one bytes object per message."""
+    k = len(ids) // MSG_ID_LENGTH
+    head = verb + b" "
+    width = len(head) + MSG_ID_LENGTH + len(tail)
+    out = bytearray(width * k)
+    for j, c in enumerate(head):
+        out[j::width] = bytes((c,)) * k
+    for j in range(MSG_ID_LENGTH):
+        out[len(head) + j :: width] = ids[j::MSG_ID_LENGTH]
+    for j, c in enumerate(tail):
+        out[len(head) + MSG_ID_LENGTH + j :: width] = bytes((c,)) * k
+    return bytes(out)
+
+
+def split_ids(blobs: Iterable[bytes]) -> list[bytes]:
+    """The single ids of blobs of concatenated 16-byte ids."""
+    return [
+        blob[i : i + MSG_ID_LENGTH] for blob in blobs for i in range(0, len(blob), MSG_ID_LENGTH)
+    ]
 
 
 class _Connection:
@@ -144,12 +208,14 @@ class ConsumerConnection(_Connection):
     ``feed`` parses what nsqd sent: kept messages go to the shared :class:`Columns` and their
     ids to :attr:`ids` (they are FIN'd on this connection later); known redeliveries are FIN'd
     at once and dropped; once :attr:`accepting` is off, messages go to :attr:`late`.
+    :attr:`ids` and :attr:`late` hold blobs of concatenated 16-byte ids, one per receive buffer.
     """
 
     def __init__(self, address: str, timeout: float) -> None:
         super().__init__(address, timeout)
         self.ids: list[bytes] = []
         self.late: list[bytes] = []
+        self.kept = 0
         self.fin_failed: list[bytes] = []
         self.dropped = 0
         self.accepting = True
@@ -166,9 +232,12 @@ class ConsumerConnection(_Connection):
         msg_timeout_ms: int,
         output_buffer_timeout_ms: int,
         output_buffer_size: int = 0,
+        ready: int = 0,
     ) -> None:
-        """Send IDENTIFY (feature negotiation) and SUB; :meth:`await_subscribed` reads the
-        replies, so that many connections can subscribe at once."""
+        """Send IDENTIFY (feature negotiation) and SUB, and ``RDY ready`` if given, in one
+        write. :meth:`await_subscribed` reads the replies, so that many connections can
+        subscribe at once; with ``ready`` the replies are left to :meth:`feed` (which ignores
+        them, and raises on an error), so that messages flow without a round trip."""
         identify: dict[str, Any] = {
             "client_id": socket.gethostname(),
             "hostname": socket.gethostname(),
@@ -180,7 +249,8 @@ class ConsumerConnection(_Connection):
             identify["msg_timeout"] = msg_timeout_ms
         if output_buffer_size:
             identify["output_buffer_size"] = output_buffer_size
-        self.send(encode_identify(identify) + encode_sub(topic, channel))
+        rdy = encode_rdy(ready) if ready else b""
+        self.send(encode_identify(identify) + encode_sub(topic, channel) + rdy)
 
     def await_subscribed(self) -> dict[str, Any]:
         """nsqd's IDENTIFY reply, once SUB was acknowledged."""
@@ -219,43 +289,97 @@ class ConsumerConnection(_Connection):
         self.send(encode_rdy(count))
 
     def feed(self, data: bytes, cols: Columns, is_duplicate: Callable[[bytes], bool]) -> int:
-        """Parse ``data``; returns the number of messages kept."""
+        """Parse ``data``; returns the number of messages kept.
+
+        The complete frames of the buffer become one binary array (a value per frame, over
+        the buffer itself), and Arrow cuts the columns out of it; Python only walks the frame
+        sizes, and not even that when the buffer is a run of equal-size message frames.
+        """
         buf = self._buf + data if self._buf else data
-        n = len(buf)
-        pos = 0
-        before = len(cols.ids)
-        unpack_frame = _FRAME.unpack_from
-        unpack_message = _MESSAGE.unpack_from
-        ids = self.ids
-        cids = cols.ids
-        timestamps = cols.timestamps
-        attempts = cols.attempts
-        bodies = cols.bodies
-        while n - pos >= 8:
-            if n - pos >= 34:  # room for a message header: one unpack for frame and header
-                size, frame_type, ts, att, msg_id = unpack_message(buf, pos)
+        end, starts, messages = self._scan(buf)
+        self._buf = buf[end:] if end < len(buf) else b""
+        if not messages:
+            return 0
+        frames = pa.BinaryArray.from_buffers(
+            pa.binary(), len(starts) - 1, [None, pa.py_buffer(starts), pa.py_buffer(buf)]
+        )
+        if isinstance(messages, list):
+            first = messages[0]
+            if messages[-1] - first + 1 == len(messages):  # one run, e.g. after replies
+                frames = frames.slice(first, len(messages))
             else:
-                size, frame_type = unpack_frame(buf, pos)
-            end = pos + 4 + size
-            if end > n:
+                frames = frames.take(pa.array(messages, pa.int32()))
+        k = len(frames)
+        ids = _data(pc.binary_slice(frames, _ID_AT, _BODY_AT), MSG_ID_LENGTH * k)
+        if not self.accepting:
+            self.late.append(ids)
+            return 0
+        attempts = _data(pc.binary_slice(frames, _ATTEMPTS_AT, _ID_AT), 2 * k)
+        if attempts != _FIRST_ATTEMPT * k:  # redeliveries: the log may have them already
+            keep = self._drop_duplicates(ids, attempts, is_duplicate)
+            if len(keep) < k:
+                if not keep:
+                    return 0
+                frames = frames.take(pa.array(keep, pa.int32()))
+                ids = b"".join(ids[16 * i : 16 * i + 16] for i in keep)
+                attempts = b"".join(attempts[2 * i : 2 * i + 2] for i in keep)
+                k = len(keep)
+        cols.add_frames(frames, ids, attempts)
+        self.ids.append(ids)
+        self.kept += k
+        return k
+
+    def _scan(self, buf: bytes) -> tuple[int, array[int], list[int] | object]:
+        """The complete frames at the start of ``buf``: (bytes they span, their start offsets
+        and end, the indices of the message frames or :data:`_ALL`). Other frames are handled
+        here (heartbeats, CLOSE_WAIT, errors)."""
+        n = len(buf)
+        starts = array("i", [0])
+        messages: list[int] = []
+        pos = 0
+        unpack = _FRAME.unpack_from
+        while n - pos >= 8:
+            size, frame_type = unpack(buf, pos)
+            step = 4 + size
+            if pos + step > n:
                 break
             if frame_type == FRAME_TYPE_MESSAGE:
-                if not self.accepting:
-                    self.late.append(msg_id)
-                elif att > 1 and is_duplicate(msg_id):
-                    self._out.append(b"FIN " + msg_id + b"\n")
-                    self.dropped += 1
-                else:
-                    ids.append(msg_id)
-                    cids.append(msg_id)
-                    timestamps.append(ts)
-                    attempts.append(att)
-                    bodies.append(buf[pos + 34 : end])
+                if size < 4 + MESSAGE_HEADER_SIZE:
+                    raise NSQConnectionError(f"{self.address}: message frame of {size} bytes")
+                # A run of equal-size message frames (the usual case): the 8 header bytes of
+                # every frame are those of the first, checked a byte column at a time.
+                count = (n - pos) // step
+                end = pos + count * step
+                if count > 1 and all(
+                    buf[j:end:step] == buf[j : j + 1] * count for j in range(pos, pos + 8)
+                ):
+                    first = len(starts) - 1
+                    starts.extend(range(pos + step, end + 1, step))
+                    messages.extend(range(first, first + count))
+                    pos = end
+                    continue
+                messages.append(len(starts) - 1)
+            elif size < 4:
+                raise NSQConnectionError(f"{self.address}: invalid frame size {size}")
             else:
-                self._frame(frame_type, buf[pos + 8 : end])
-            pos = end
-        self._buf = buf[pos:] if pos < n else b""
-        return len(cols.ids) - before
+                self._frame(frame_type, buf[pos + 8 : pos + step])
+            pos += step
+            starts.append(pos)
+        return pos, starts, _ALL if len(messages) == len(starts) - 1 else messages
+
+    def _drop_duplicates(
+        self, ids: bytes, attempts: bytes, is_duplicate: Callable[[bytes], bool]
+    ) -> list[int]:
+        """FIN (at once) the redeliveries already in the log; the indices of the others."""
+        keep: list[int] = []
+        for i in range(len(attempts) // 2):
+            msg_id = ids[16 * i : 16 * i + 16]
+            if (attempts[2 * i] or attempts[2 * i + 1] > 1) and is_duplicate(msg_id):
+                self._out.append(encode_fin(msg_id))
+                self.dropped += 1
+            else:
+                keep.append(i)
+        return keep
 
     def _frame(self, frame_type: int, data: bytes) -> None:
         if frame_type == FRAME_TYPE_ERROR:
@@ -295,7 +419,7 @@ class ConsumerConnection(_Connection):
 
     def keepalive(self, touch: bool) -> None:
         """From the keepalive thread: a NOP, and TOUCH of every kept message if ``touch``."""
-        lines = [b"TOUCH " + i + b"\n" for i in list(self.ids)] if touch else []
+        lines = [id_commands(b"TOUCH", b"".join(list(self.ids)))] if touch else []
         lines.append(b"NOP\n")
         self.send(b"".join(lines))
 
@@ -307,12 +431,12 @@ class ConsumerConnection(_Connection):
         :attr:`fin_failed`.
         """
         self.accepting = False
-        lines = [b"FIN " + i + b"\n" for i in self.ids]
-        lines.extend(b"REQ " + i + b" 0\n" for i in self.late)
+        lines = id_commands(b"FIN", b"".join(self.ids))
+        lines += id_commands(b"REQ", b"".join(self.late), b" 0\n")
         self.late.clear()
         self.flush()
         if lines:
-            self.send(b"".join(lines))
+            self.send(lines)
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError as err:
@@ -343,8 +467,16 @@ class ConsumerConnection(_Connection):
         self.close()
         return True
 
+    def requeue_all(self) -> None:
+        """REQ every kept and late message (this attempt's rows must not be used)."""
+        lines = id_commands(b"REQ", b"".join(self.ids + self.late), b" 0\n")
+        if lines:
+            self.send(lines)
 
-_SCRATCH = Columns()  # messages after CLS are "late": never kept, so this stays empty
+
+_SCRATCH = Columns()  # messages after send_finish are "late": never kept, so this stays empty
+_ALL: Final = object()  # every frame of the buffer is a message
+_FIRST_ATTEMPT: Final = (1).to_bytes(2, "big")
 
 
 class Publisher(_Connection):

@@ -183,7 +183,7 @@ class SourceOptions:
             wal = os.path.join(tempfile.gettempdir(), "nsqpy-spark-wal", f"{topic}.{channel}")
         max_rdy = o.integer("maxInFlightPerConnection", DEFAULT_MAX_IN_FLIGHT, minimum=1)
         assert max_rdy is not None
-        per_partition = o.integer("maxMessagesPerPartition", 50_000, minimum=1)
+        per_partition = o.integer("maxMessagesPerPartition", 250_000, minimum=1)
         assert per_partition is not None
         msg_timeout = o.duration("msgTimeout", 0.0)
         obt = o.duration("outputBufferTimeout", 0.025)

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from nsqpy.spark._conn import Columns, ConsumerConnection, NSQConnectionError
+from nsqpy.spark._conn import Columns, ConsumerConnection, NSQConnectionError, split_ids
 from nsqpy.spark._offsets import PartitionPlan
 from nsqpy.spark._options import SourceOptions
 from nsqpy.spark._schema import to_record_batch
@@ -65,7 +65,7 @@ def read_partition(plan: PartitionPlan, options: SourceOptions) -> Iterator[Any]
     pdir = wal.partition_dir(plan.run, plan.batch, plan.index)
     seal = wal.read_seal(pdir)
     if seal is not None:
-        yield from wal.replay(pdir, seal)
+        yield from wal.replay(pdir, seal, plan.topic, plan.channel)
         return
     task = _PartitionRead(plan, options, wal, pdir)
     try:
@@ -145,10 +145,10 @@ def _confirm_finish(
         failed: list[bytes] = []
         for conn in conns:
             if not conn.eof:
-                log.warning("nsq read: %s did not confirm %d FINs", conn.address, len(conn.ids))
-                failed.extend(conn.ids)
+                log.warning("nsq read: %s did not confirm %d FINs", conn.address, conn.kept)
+                failed.extend(split_ids(conn.ids))
             elif conn.fin_failed:
-                mine = set(conn.ids)
+                mine = set(split_ids(conn.ids))
                 failed.extend(i for i in conn.fin_failed if i in mine)
         wal.mark_finned(pdir, failed)
     except Exception as err:  # the partition stays "unconfirmed": safe, only noisier
@@ -222,12 +222,14 @@ class _PartitionRead:
     def _subscribe(self) -> None:
         """Open ceil(quota / max RDY) subscribed connections and set their RDY.
 
-        The first connection learns nsqd's ``max_rdy_count``; the others subscribe at once.
+        The first connection learns nsqd's ``max_rdy_count``; each other one sends IDENTIFY,
+        SUB and RDY in one write and is not waited for: its messages flow at once, and
+        :meth:`ConsumerConnection.feed` skips its replies (or raises on an error).
         """
         o = self.options
         plan = self.plan
 
-        def connect() -> ConsumerConnection:
+        def connect(ready: int) -> ConsumerConnection:
             conn = ConsumerConnection(plan.nsqd, o.connect_timeout)
             self.conns.append(conn)
             self.opened.append(conn)
@@ -237,19 +239,19 @@ class _PartitionRead:
                 msg_timeout_ms=o.msg_timeout_ms,
                 output_buffer_timeout_ms=o.output_buffer_timeout_ms,
                 output_buffer_size=o.output_buffer_size,
+                ready=ready,
             )
             return conn
 
-        identity = connect().await_subscribed()
+        first = connect(0)
+        identity = first.await_subscribed()
         max_rdy = min(o.max_in_flight_per_connection, int(identity.get("max_rdy_count", 2500)))
         self.msg_timeout = int(identity.get("msg_timeout", 60_000)) / 1000.0
         count = math.ceil(plan.quota / max_rdy)
-        more = [connect() for _ in range(count - 1)]
-        for conn in more:
-            conn.await_subscribed()
         base, extra = divmod(plan.quota, count)
-        for j, conn in enumerate(self.conns):
-            conn.ready(base + (1 if j < extra else 0))
+        first.ready(base + (1 if extra else 0))
+        for j in range(1, count):
+            connect(base + (1 if j < extra else 0))
 
     def _segment(self, cols: Columns) -> Iterator[Any]:
         """Make ``cols`` a durable segment, then hand its rows to Spark."""
@@ -347,9 +349,7 @@ class _PartitionRead:
     def _requeue_all(self) -> None:
         for conn in self.conns:
             try:
-                lines = [b"REQ " + i + b" 0\n" for i in conn.ids + conn.late]
-                if lines:
-                    conn.send(b"".join(lines))
+                conn.requeue_all()
             except NSQConnectionError as err:
                 log.warning("nsq read: requeue failed (the messages will time out): %s", err)
 

@@ -2,7 +2,9 @@
 
 Layout under ``walLocation`` (a local or shared POSIX path every executor and the driver see)::
 
-    <run>/<batch>/<partition>/seg-<uuid>.arrow       rows, Arrow IPC file (tmp, fsync, rename)
+    <run>/<batch>/<partition>/seg-<uuid>.arrow       rows, Arrow IPC file (tmp, fsync, rename):
+                                                     id, timestamp, attempts, body (topic,
+                                                     channel and nsqd are the partition's)
     <run>/<batch>/<partition>/SEALED                 {"segments", "rows", "nsqd"}: created once
     <run>/<batch>/<partition>/FINNED                 {"failed": [ids]}: after nsqd confirmed
     unconfirmed/<run>-<batch>-<partition>.json       ids whose FIN was never confirmed, kept
@@ -35,7 +37,7 @@ from typing import Any, Final
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from nsqpy.spark._schema import ARROW_SCHEMA
+from nsqpy.spark._schema import SEGMENT_SCHEMA, with_constants
 
 __all__ = ["WAL", "Seal", "UnconfirmedKey"]
 
@@ -74,16 +76,14 @@ class WAL:
 
     def _write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` in full (and fsync it when configured)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        with open(path, "wb") as f:
+            f.write(data)
+            self._sync_file(f)
+
+    def _sync_file(self, f: Any) -> None:
+        f.flush()
+        if self.fsync:
+            os.fsync(f.fileno())
 
     def _sync_dir(self, path: str) -> None:
         if not self.fsync:
@@ -95,14 +95,16 @@ class WAL:
             os.close(fd)
 
     def write_segment(self, pdir: str, batch: Any) -> str:
-        """Write ``batch`` as a new segment of the partition; returns its file name."""
+        """Write ``batch`` (:data:`~nsqpy.spark._schema.ARROW_SCHEMA`) as a new segment of the
+        partition, straight from its Arrow buffers to the file; returns its file name."""
         os.makedirs(pdir, exist_ok=True)
         name = f"seg-{uuid.uuid4().hex}.arrow"
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, ARROW_SCHEMA) as writer:
-            writer.write_batch(batch)
         tmp = os.path.join(pdir, f".{name}.tmp")
-        self._write_file(tmp, sink.getvalue().to_pybytes())
+        segment = pa.RecordBatch.from_arrays(batch.columns[:4], schema=SEGMENT_SCHEMA)
+        with open(tmp, "wb") as f:
+            with pa.ipc.new_file(f, SEGMENT_SCHEMA) as writer:
+                writer.write_batch(segment)
+            self._sync_file(f)
         os.rename(tmp, os.path.join(pdir, name))
         return name
 
@@ -140,8 +142,12 @@ class WAL:
         segments = tuple(str(s) for s in data.get("segments") or ())
         return Seal(segments, int(data.get("rows", 0)), str(data.get("nsqd", "")))
 
-    def replay(self, pdir: str, seal: Seal) -> Iterator[Any]:
+    def replay(self, pdir: str, seal: Seal, topic: str, channel: str) -> Iterator[Any]:
         """The sealed rows of a partition, exactly as first read."""
+        for batch in self._segments(pdir, seal):
+            yield with_constants(batch, topic, channel, seal.nsqd)
+
+    def _segments(self, pdir: str, seal: Seal) -> Iterator[Any]:
         for segment in seal.segments:
             with pa.memory_map(os.path.join(pdir, segment), "r") as source:
                 reader = pa.ipc.open_file(source)
@@ -161,7 +167,7 @@ class WAL:
     def _segment_ids(self, pdir: str, seal: Seal) -> list[bytes]:
         ids: list[bytes] = []
         try:
-            for batch in self.replay(pdir, seal):
+            for batch in self._segments(pdir, seal):
                 ids.extend(s.encode("ascii") for s in batch.column(0).to_pylist())
         except FileNotFoundError:
             pass  # a partition being garbage collected; its ids were moved first

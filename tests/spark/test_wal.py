@@ -15,10 +15,7 @@ from nsqpy.spark._wal import WAL
 def _batch(ids: list[bytes]) -> Any:
     cols = Columns()
     for i, msg_id in enumerate(ids):
-        cols.ids.append(msg_id)
-        cols.timestamps.append(1_700_000_000_123_456_789 + i)
-        cols.attempts.append(1)
-        cols.bodies.append(b"body-%d" % i)
+        cols.append(msg_id, 1_700_000_000_123_456_789 + i, 1, b"body-%d" % i)
     return to_record_batch(cols, "t", "c", "n:1")
 
 
@@ -48,7 +45,7 @@ def test_segment_seal_replay(tmp_path: Path) -> None:
         7,
         "n:1",
     )
-    replayed = list(wal.replay(pdir, seal))
+    replayed = list(wal.replay(pdir, seal, "t", "c"))
     assert len(replayed) == 2 and replayed[0].equals(batch)
     assert wal.sealed_counts("r", 1) == {"n:1": 7}
     assert not [n for n in os.listdir(pdir) if n.endswith(".tmp")]
@@ -98,5 +95,5 @@ def test_empty_seal(tmp_path: Path) -> None:
     pdir = wal.partition_dir("r", 1, 0)
     assert wal.seal(pdir, [], 0, "n:1")
     seal = wal.read_seal(pdir)
-    assert seal is not None and list(wal.replay(pdir, seal)) == []
+    assert seal is not None and list(wal.replay(pdir, seal, "t", "c")) == []
     assert wal.unconfirmed() == set()
