@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -263,3 +264,19 @@ def test_killed_test_run_leaves_nothing(tmp_path: Path) -> None:
     for pid in pids:
         _wait_gone(pid)
     assert _leftovers(tmp_path / "tmp") == []
+
+
+def test_testing_md_client_examples_run(tmp_path: Path) -> None:
+    """docs/TESTING.md's examples (parametrisation, pynsq, gnsq, nsqpy's client) as a
+    user's tests."""
+    text = (ROOT / "docs" / "TESTING.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    tests = [b for b in blocks if re.search(r"^def test_\w+\(\w+\):", b, re.M)]
+    assert len(tests) == 4, tests
+    project = tmp_path / "project"
+    project.mkdir()
+    for i, block in enumerate(tests):
+        (project / f"test_doc_{i}.py").write_text(block)
+    result = _pytest(project, tmp_path / "tmp", "-o", "nsqpy_fixture_scope=session")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "6 passed" in result.stdout.splitlines()[-1], result.stdout
