@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, unit, end-to-end, Spark and browser tests on Python 3.11,
-# and a fast subset (protocol, HTTP, client, the wheel, one Spark test) on every other
-# supported Python found on the machine (3.12, 3.13), each in its own venv (.venv-3.1x).
+# and a fast subset (protocol, HTTP, client, the wheel, nsqpy.testing's sample project, one
+# Spark test) on every other supported Python found on the machine (3.12, 3.13), each in its
+# own venv (.venv-3.1x).
 # CI runs exactly this (.ci/run). It installs what the tests need: the locked Python
 # environments (uv), and Debian's Chromium for the nsqadmin browser tests when missing.
 # Arguments go to the 3.11 pytest run; with arguments, the other versions are not run.
@@ -23,6 +24,7 @@ FAST_SUBSET=(
   tests/e2e/test_http_api.py
   tests/e2e/test_client.py
   tests/e2e/test_wheel.py
+  tests/e2e/test_testing.py::test_sample_project_with_pynsq_passes_and_leaves_nothing
   tests/spark/test_sink.py::test_batch_write
 )
 
@@ -41,8 +43,8 @@ echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
 ran=("3.11 (whole suite)")
-failed=""        # "<version> (exit <rc>)" of a failed subset
-failed_summary=""  # and its pytest summary line
+failed=""        # "<version> (exit <rc>), ..." of the failed subsets
+failed_summary=""  # the last failed one's pytest summary line
 if [ $# -eq 0 ]; then
   for version in 3.12 3.13; do
     python="$(find_python "$version")"
@@ -61,7 +63,7 @@ if [ $# -eq 0 ]; then
     set -e
     ran+=("$version (fast subset)")
     if [ "$rc" -ne 0 ]; then
-      failed="$version (exit $rc)"
+      failed="${failed:+$failed, }$version (exit $rc)"
       failed_summary="$(tail -n 1 "$log")"
     fi
     rm -f "$log"
