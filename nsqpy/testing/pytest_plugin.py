@@ -30,13 +30,13 @@ and its directory removed, when its fixture's scope ends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Literal, cast
 
 import pytest
 
 from nsqpy.testing._process import parse_flag_args
-from nsqpy.testing._servers import NSQD, NSQCluster, NSQLookupd
+from nsqpy.testing._servers import NSQD, NSQCluster, NSQLookupd, _Server
 
 __all__ = [
     "nsq_cluster",
@@ -45,7 +45,10 @@ __all__ = [
     "nsqlookupd",
     "pytest_addoption",
     "pytest_configure",
+    "pytest_runtest_makereport",
 ]
+
+_LOG_TAIL = 40
 
 Scope = Literal["session", "package", "module", "class", "function"]
 _SCOPES = ("session", "package", "module", "class", "function")
@@ -73,6 +76,28 @@ def pytest_configure(config: pytest.Config) -> None:
         _ini_flags(config, name)
     for name in ("nsqpy_cluster_size", "nsqpy_start_timeout"):
         _ini_number(config, name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, None, None]:
+    """A failed test's report ends with the last log lines of the servers it used."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed:
+        return
+    for name, value in getattr(item, "funcargs", {}).items():
+        servers: list[_Server] = []
+        if isinstance(value, _Server):
+            servers = [value]
+        elif isinstance(value, NSQCluster):
+            servers = [value.lookupd, *value.nsqds]
+        for i, server in enumerate(servers):
+            if server.process is not None:
+                tail = server.process.log_lines[-_LOG_TAIL:]
+                label = name if len(servers) == 1 else f"{name} {server.name} {i}"
+                report.sections.append((f"{label} log (pid {server.pid})", "\n".join(tail)))
 
 
 def _scope(fixture_name: str, config: pytest.Config) -> Scope:

@@ -233,12 +233,17 @@ def test_ini_options_scope_and_parametrisation(tmp_path: Path) -> None:
                 assert extra.flags["max_msg_size"] == "2048"
 
             def test_fails(nsqd):
+                assert nsqd.depth("nothing") == 1  # the report shows nsqd's log
+
+            def test_interrupted(nsqd):
                 raise KeyboardInterrupt  # an interrupted run cleans up too
         """)
     )
     result = _pytest(project, tmp_path / "tmp")
     assert result.returncode == 2, result.stdout + result.stderr  # interrupted
-    assert "4 passed" in result.stdout, result.stdout
+    assert "1 failed, 4 passed" in result.stdout, result.stdout
+    log_section = r"- nsqd log \(pid \d+\) -+\n.*TCP: listening on"
+    assert re.search(log_section, result.stdout, re.S), result.stdout
     assert _leftovers(tmp_path / "tmp") == []
     (project / "pytest.ini").write_text("[pytest]\nnsqpy_fixture_scope = forever\n")
     result = _pytest(project, tmp_path / "tmp")
