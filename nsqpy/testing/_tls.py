@@ -46,7 +46,7 @@ def make_tls_files(directory: Path | str) -> TLSFiles:
     except ImportError:
         raise RuntimeError(
             "nsqpy.testing makes TLS certificates with the 'cryptography' package: "
-            "pip install cryptography"
+            'pip install cryptography (or pip install "nsqpy[testing]")'
         ) from None
 
     directory = Path(directory)

@@ -285,3 +285,11 @@ def test_testing_md_client_examples_run(tmp_path: Path) -> None:
     result = _pytest(project, tmp_path / "tmp", "-o", "nsqpy_fixture_scope=session")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "6 passed" in result.stdout.splitlines()[-1], result.stdout
+
+
+def test_tls_without_cryptography_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "cryptography", None)
+    with pytest.raises(RuntimeError, match=r"pip install cryptography"):
+        NSQD(tls=True, directory=tmp_path)
