@@ -78,6 +78,8 @@ class _Server:
         self.timeout = timeout
         self.process: ServerProcess | None = None
         self._closed = False
+        if self._own_directory:
+            _open.add(self)  # the directory goes at exit even if never started or closed
 
     def default_flags(self) -> dict[str, object]:
         """Flags given unless overridden: every listener on ``127.0.0.1``, port 0."""
