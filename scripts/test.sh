@@ -42,7 +42,7 @@ find_python() {
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
-ran=("3.11 (whole suite)")
+ran=("3.11 ($([ $# -eq 0 ] && echo "whole suite" || echo "$*"))")
 failed=""        # "<version> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
 if [ $# -eq 0 ]; then
@@ -71,7 +71,7 @@ if [ $# -eq 0 ]; then
 fi
 
 echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
-echo "== pytest on python 3.11: whole suite"
+echo "== pytest on python 3.11: ${ran[0]#3.11 }"
 # Spark's Python workers must use this environment's interpreter (pyarrow), offline.
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 # pytest exits 5 when nothing was collected: a suite that ran no test has failed.
