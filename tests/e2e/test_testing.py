@@ -4,6 +4,7 @@ plugin driving a sample project (examples/pytest_project, with pynsq) in a subpr
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import nsqpy.testing
-from nsqpy.testing import NSQD, AsyncNSQD, HTTPError, NSQCluster, ServerError
+from nsqpy.testing import NSQD, AsyncNSQD, HTTPError, NSQAdmin, NSQCluster, ServerError
 from tests.support.rawclient import RawClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ def test_bad_flag_is_reported_with_the_servers_own_words() -> None:
         pass
 
 
-def test_cluster_registers_every_nsqd_and_kill_crashes_one() -> None:
+def test_cluster_registers_every_nsqd_nsqadmin_sees_it_and_kill_crashes_one() -> None:
     with NSQCluster(2, nsqd_flags={"mem_queue_size": 0}) as cluster:
         nodes = cluster.lookupd.nodes()
         assert sorted(n["tcp_port"] for n in nodes) == sorted(
@@ -90,9 +91,13 @@ def test_cluster_registers_every_nsqd_and_kill_crashes_one() -> None:
         cluster.nsqds[1].pub("spread", b"x")
         producers = cluster.lookupd.lookup("spread")
         assert [p["broadcast_address"] for p in producers] == ["127.0.0.1"]
+        with NSQAdmin(lookupd_http_address=cluster.lookupd.http_address) as admin:
+            with urllib.request.urlopen(f"{admin.url}/api/topics", timeout=10) as resp:
+                assert json.loads(resp.read())["topics"] == ["spread"]
+            admin_pid = admin.pid
         assert cluster.nsqds[1].kill() == -signal.SIGKILL
         assert cluster.lookupd.lookup("nothing-here") == []
-        pids = [n.pid for n in cluster.nsqds] + [cluster.lookupd.pid]
+        pids = [n.pid for n in cluster.nsqds] + [cluster.lookupd.pid, admin_pid]
     for pid in pids:
         _wait_gone(pid)
 
