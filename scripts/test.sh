@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, unit, end-to-end, Spark and browser tests.
+# The whole test suite: lint, types, unit, end-to-end, Spark and browser tests on Python 3.11,
+# and a fast subset (protocol, HTTP, client, the wheel, nsqpy.testing's sample project, one
+# Spark test) on every other supported Python found on the machine (3.12, 3.13), each in its
+# own venv (.venv-3.1x).
 # CI runs exactly this (.ci/run). It installs what the tests need: the locked Python
-# environment (uv), and Debian's Chromium for the nsqadmin browser tests when missing.
+# environments (uv), and Debian's Chromium for the nsqadmin browser tests when missing.
+# Arguments go to the 3.11 pytest run; with arguments, the other versions are not run.
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -11,11 +15,74 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "chromium is missing: install Debian's chromium package (the browser tests need it)" >&2
   fi
 fi
-# Spark's Python workers must use this environment's interpreter (pyarrow), offline.
-export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 export SPARK_LOCAL_IP=127.0.0.1
+export NSQPY_UV="${UV[*]}"  # tests/e2e/test_wheel.py builds and installs the wheel with it
+PYTEST=(pytest -q -p no:cacheprovider)
+FAST_SUBSET=(
+  tests/unit/test_wire_v2.py
+  tests/e2e/test_protocol_errors.py
+  tests/e2e/test_http_api.py
+  tests/e2e/test_client.py
+  tests/e2e/test_wheel.py
+  tests/e2e/test_testing.py::test_sample_project_with_pynsq_passes_and_leaves_nothing
+  tests/spark/test_sink.py::test_batch_write
+)
+
+# The interpreter for Python $1: pyenv's, else python$1 on PATH; nothing if absent.
+find_python() {
+  local candidate
+  for candidate in "$(pyenv root 2>/dev/null)"/versions/"$1".*/bin/python"$1" "$(command -v "python$1")"; do
+    if [ -x "$candidate" ] && "$candidate" -c 'import sys' >/dev/null 2>&1; then
+      echo "$candidate"
+      return
+    fi
+  done
+}
+
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
-echo "== pytest"
+
+ran=("3.11 ($([ $# -eq 0 ] && echo "whole suite" || echo "$*"))")
+failed=""        # "<version> (exit <rc>), ..." of the failed subsets
+failed_summary=""  # the last failed one's pytest summary line
+if [ $# -eq 0 ]; then
+  for version in 3.12 3.13; do
+    python="$(find_python "$version")"
+    if [ -z "$python" ]; then
+      echo "== python $version: no interpreter found, skipped"
+      continue
+    fi
+    venv="$PWD/.venv-$version"
+    UV_PROJECT_ENVIRONMENT="$venv" "${UV[@]}" sync --frozen --quiet --python "$python"
+    echo "== pytest on python $version ($python): fast subset"
+    log="$(mktemp)"
+    set +e
+    PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
+      "$venv/bin/python" -m "${PYTEST[@]}" "${FAST_SUBSET[@]}" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    ran+=("$version (fast subset)")
+    if [ "$rc" -ne 0 ]; then
+      failed="${failed:+$failed, }$version (exit $rc)"
+      failed_summary="$(tail -n 1 "$log")"
+    fi
+    rm -f "$log"
+  done
+fi
+
+echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
+echo "== pytest on python 3.11: ${ran[0]#3.11 }"
+# Spark's Python workers must use this environment's interpreter (pyarrow), offline.
+export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 # pytest exits 5 when nothing was collected: a suite that ran no test has failed.
-exec "${UV[@]}" run --frozen pytest -q -p no:cacheprovider "$@"
+set +e
+"${UV[@]}" run --frozen "${PYTEST[@]}" "$@"
+rc=$?
+set -e
+if [ -n "$failed" ]; then
+  # the last line stays a pytest summary line: the failed version's
+  echo "== the fast subset failed on python $failed:"
+  echo "$failed_summary"
+  exit $(( rc != 0 ? rc : 1 ))
+fi
+exit $rc

@@ -1,0 +1,152 @@
+"""The wheel alone: ``uv build``, install into a fresh virtual environment with nothing
+of this repository on the path, then run its console scripts as a user would.
+
+``NSQPY_UV`` may name the uv command (scripts/test.sh sets it); otherwise ``uv`` on PATH,
+else ``python3 -m uv``. Dependencies come from uv's cache, or PyPI for what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nsqpy.testing import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _uv() -> list[str]:
+    if os.environ.get("NSQPY_UV"):
+        return shlex.split(os.environ["NSQPY_UV"])
+    if shutil.which("uv"):
+        return ["uv"]
+    return [shutil.which("python3") or "python3", "-m", "uv"]
+
+
+def _run(*argv: str | Path, cwd: Path, timeout: float = 240) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["UV_PYTHON_DOWNLOADS"] = "never"
+    proc = subprocess.run(
+        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{argv}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv (this interpreter's version) with only the built wheel in it."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    uv = _uv()
+    _run(*uv, "build", "--quiet", "--out-dir", tmp / "dist", ROOT, cwd=tmp)
+    built = sorted(p.name for p in (tmp / "dist").iterdir() if p.name.startswith("nsqpy-"))
+    assert len(built) == 2 and built[0].endswith(".whl") and built[1].endswith(".tar.gz"), built
+    _run(*uv, "venv", "--quiet", "--python", sys.executable, tmp / "venv", cwd=tmp)
+    wheel = tmp / "dist" / built[0]
+    _run(*uv, "pip", "install", "--quiet", "--python", tmp / "venv/bin/python", wheel, cwd=tmp)
+    return tmp / "venv"
+
+
+def _server(venv: Path, name: str, *args: str, ready: tuple[str, ...]) -> ServerProcess:
+    server = ServerProcess(name, [str(venv / "bin" / name), *args], ready=ready, cwd=venv.parent)
+    server.wait_ready(30)
+    return server
+
+
+def test_wheel_servers_tools_and_nsqadmin_ui(venv: Path) -> None:
+    bin_ = venv / "bin"
+    code = "import nsqpy, nsqpy.nsqd.server, nsqpy.testing; print(nsqpy.__file__)"
+    location = _run(bin_ / "python", "-c", code, cwd=venv.parent)
+    assert location.startswith(str(venv)), location  # the wheel's, not this checkout's
+    assert "nsqpy-0.1.0" in _run(bin_ / "nsqd", "--version", cwd=venv.parent)
+    local = ("--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0")
+    servers: list[ServerProcess] = []
+    try:
+        lookupd = _server(
+            venv, "nsqlookupd", *local, "--broadcast-address=127.0.0.1", ready=("tcp", "http")
+        )
+        servers.append(lookupd)
+        nsqd = _server(
+            venv,
+            "nsqd",
+            *local,
+            f"--data-path={venv.parent}",
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--broadcast-address=127.0.0.1",
+            ready=("tcp",),
+        )
+        servers.append(nsqd)
+        admin = _server(
+            venv,
+            "nsqadmin",
+            "--http-address=127.0.0.1:0",
+            f"--lookupd-http-address={lookupd.http_address}",
+            ready=("http",),
+        )
+        servers.append(admin)
+        subprocess.run(
+            [bin_ / "to_nsq", "--topic=wheel", f"--nsqd-tcp-address={nsqd.tcp_address}"],
+            input=b"one\ntwo\n",
+            check=True,
+            timeout=30,
+        )
+        tail = _run(
+            bin_ / "nsq_tail",
+            "--topic=wheel",
+            f"--lookupd-http-address={lookupd.http_address}",
+            "-n",
+            "2",
+            cwd=venv.parent,
+            timeout=30,
+        )
+        assert tail.splitlines()[-2:] == ["one", "two"], tail
+        base = f"http://{admin.address('http')}"
+        with urllib.request.urlopen(f"{base}/", timeout=10) as resp:
+            page = resp.read().decode()
+        assert "static/js/main.js" in page
+        for asset in ("static/js/main.js", "static/css/app.css"):
+            with urllib.request.urlopen(f"{base}/{asset}", timeout=10) as resp:
+                assert resp.status == 200 and len(resp.read()) > 100, asset
+        with urllib.request.urlopen(f"{base}/api/topics", timeout=10) as resp:
+            assert "wheel" in json.loads(resp.read())["topics"]
+    finally:
+        for server in reversed(servers):
+            assert server.stop() == 0, server.log_text()
+
+
+def _locked(*names: str) -> list[str]:
+    """``name==version`` for ``names`` as uv.lock pins them."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    pins = {p["name"]: p["version"] for p in lock["package"]}
+    return [f"{name}=={pins[name]}" for name in names]
+
+
+def test_wheel_spark_extra(venv: Path) -> None:
+    python = venv / "bin/python"
+    # pyspark is a 450 MB sdist: uv resolving it anew takes a minute, so the locked
+    # versions come first from uv's cache (where `uv sync` put them), offline, if there.
+    subprocess.run(
+        [*_uv(), "pip", "install", "--quiet", "--offline", "--no-deps", "--python", python,
+         *_locked("pyspark", "py4j", "pyarrow")],
+        cwd=venv.parent, capture_output=True, check=False, timeout=120,
+    )  # fmt: skip
+    wheel = next((venv.parent / "dist").glob("nsqpy-*.whl"))
+    _run(
+        *_uv(), "pip", "install", "--quiet", "--python", python, f"{wheel}[spark]", cwd=venv.parent
+    )
+    code = (
+        "import pyarrow, pyspark; from nsqpy.spark import NSQDataSource; "
+        "print(NSQDataSource.name(), pyspark.__version__)"
+    )
+    assert _run(python, "-c", code, cwd=venv.parent).split() == ["nsq", "4.3.0"]
