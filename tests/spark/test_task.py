@@ -141,6 +141,70 @@ def test_mpub_chunks_respect_nsqd_limits(cluster: Cluster) -> None:
         )
 
 
+def _mpub_bodies(commands: list[bytes], topic: bytes = b"t") -> list[list[bytes]]:
+    """The bodies of each MPUB command, checked frame by frame."""
+    out = []
+    for command in commands:
+        head = b"MPUB " + topic + b"\n"
+        assert command.startswith(head)
+        body = command[len(head) :]
+        assert int.from_bytes(body[:4], "big") == len(body) - 4
+        count, pos, bodies = int.from_bytes(body[4:8], "big"), 8, []
+        for _ in range(count):
+            size = int.from_bytes(body[pos : pos + 4], "big")
+            bodies.append(body[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+        assert pos == len(body)
+        out.append(bodies)
+    return out
+
+
+def test_mpubs_carry_every_body_in_order_across_batches_and_types() -> None:
+    """Commands span Spark's batches (a short tail waits for the next batch), every column
+    type and sliced arrays keep their bytes, and no command passes the count or size cap."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    options = SinkOptions.parse(
+        {"nsqdtcpaddresses": "127.0.0.1:1", "topic": "t", "publishbatchsize": "7"}
+    )
+    expected: list[bytes] = []
+    batches = []
+    for n, kind in enumerate([pa.binary(), pa.string(), pa.large_binary(), pa.large_string()]):
+        bodies = [f"{n}-{i}-".encode() * (i % 5 + 1) for i in range(12)]
+        column = pa.array(
+            bodies if kind in (pa.binary(), pa.large_binary()) else [b.decode() for b in bodies],
+            kind,
+        ).slice(2)
+        expected += bodies[2:]
+        batches.append(pa.record_batch([column], names=["body"]))
+    batches.insert(2, pa.record_batch([pa.array([], pa.binary())], names=["body"]))
+    counter = [0]
+    commands = _mpub_bodies(list(encode_mpubs("t", iter(batches), options, counter)))
+    assert [b for c in commands for b in c] == expected
+    assert counter == [len(expected)] == [40]
+    assert [len(c) for c in commands] == [7, 7, 7, 7, 7, 5]  # across batch boundaries
+
+    tight = SinkOptions.parse(
+        {"nsqdtcpaddresses": "127.0.0.1:1", "topic": "t", "maxbodysize": "30", "maxmsgsize": "10"}
+    )
+    bodies = [b"a" * 10, b"b", b"c" * 9, b"d" * 10, b"e" * 3]
+    commands = _mpub_bodies(
+        list(
+            encode_mpubs(
+                "t", iter([pa.record_batch([pa.array(bodies)], names=["body"])]), tight, [0]
+            )
+        )
+    )
+    # 4 + (4 + 10) + (4 + 1) = 23 <= 30; adding (4 + 9) would be 36.
+    assert commands == [[b"a" * 10, b"b"], [b"c" * 9], [b"d" * 10, b"e" * 3]]
+    with pytest.raises(ValueError, match="a body of 0 bytes cannot be published"):
+        list(
+            encode_mpubs(
+                "t", iter([pa.record_batch([pa.array([b"x", b""])], names=["body"])]), tight, [0]
+            )
+        )
+
+
 def test_slow_consumer_keeps_messages_alive(cluster: Cluster, topic: str, tmp_path: Path) -> None:
     """Rows go to Spark before the FIN: while Spark is slow to take them (the generator is
     suspended for longer than msg_timeout), the keepalive thread TOUCHes them."""
