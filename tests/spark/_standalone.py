@@ -164,16 +164,26 @@ class StandaloneCluster:
         return sum(1 for w in state.get("workers") or [] if w.get("state") == "ALIVE")
 
     def executor_pids(self) -> list[int]:
-        """The executor JVMs: children of the worker processes (found by parent, not name)."""
+        """The executor JVMs: children of the worker processes (found by parent), those that
+        run ``CoarseGrainedExecutorBackend`` (a worker can have other, short-lived children,
+        and zombies until it reaps them)."""
         pids: list[int] = []
         for worker in self.workers:
-            pids.extend(_children(worker.proc.pid))
+            pids.extend(p for p in _children(worker.proc.pid) if _is_executor(p))
         return pids
 
     def stop(self) -> None:
         for jvm in [*self.workers, self.master]:
             if jvm is not None:
                 jvm.stop()
+
+
+def _is_executor(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"CoarseGrainedExecutorBackend" in cmdline
 
 
 def _children(pid: int) -> list[int]:
