@@ -225,7 +225,11 @@ class ClientV2(asyncio.Protocol):
     def _run_commands(self, parser: CommandParser) -> None:
         """Handle every complete command buffered, then apply the batch's effects."""
         self._in_batch = True
-        if self.state == STATE_SUBSCRIBED and self.channel is not None:
+        # FINs after CLS too (STATE_CLOSING): a consumer that drains before closing sends
+        # them all at once then (the Spark connector does).
+        if self.channel is not None and (
+            self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING
+        ):
             fins = parser.take_fin_block()
             if fins is not None:
                 self._fin_many(self.channel, fins)

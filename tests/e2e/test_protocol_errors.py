@@ -509,6 +509,21 @@ def test_cls_then_fin_still_works(connect: Connect, topic: str) -> None:
     client.expect_error(f"E_FIN_FAILED FIN {msg_id.decode()} failed ID not in flight", fatal=False)
 
 
+def test_cls_then_a_block_of_fins(connect: Connect, topic: str) -> None:
+    """A consumer that drains before closing sends its FINs at once after CLS (the Spark
+    connector does): one write of FIN lines, one of them unknown, each answered as alone."""
+    client = subscribed(connect, topic)
+    client.rdy(5)
+    connect().mpub(topic, [b"m%d" % i for i in range(5)])
+    ids = [m.id for m in client.read_messages(5)]
+    client.cls()
+    client.send(b"".join(b"FIN " + i + b"\n" for i in [*ids[:3], FAKE_ID, *ids[3:]]))
+    client.expect_error(f"E_FIN_FAILED FIN {FAKE_ID.decode()} failed ID not in flight", fatal=False)
+    client.fin(ids[0])  # all five were finished: a second FIN fails
+    client.expect_error(f"E_FIN_FAILED FIN {ids[0].decode()} failed ID not in flight", fatal=False)
+    client.assert_open()
+
+
 # -- CLS ------------------------------------------------------------------------------------------
 
 
