@@ -29,6 +29,7 @@ _TWEPOCH: Final = 1288834974288
 _SEQUENCE_BITS: Final = 12
 _NODE_ID_BITS: Final = 10
 _SEQUENCE_MASK: Final = (1 << _SEQUENCE_BITS) - 1
+_HEX3: Final = [b"%03x" % seq for seq in range(_SEQUENCE_MASK + 1)]  # 12 bits = 3 hex digits
 
 
 def requeued(msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> Message:
@@ -85,7 +86,9 @@ class GUIDFactory:
             base = (
                 (self._last_ts - _TWEPOCH) << (_SEQUENCE_BITS + _NODE_ID_BITS)
             ) | self._node_bits
-            ids.extend([b"%016x" % (base | seq) for seq in range(first, last + 1)])
+            # The sequence is the low 12 bits, the last 3 hex digits: the other 13 are the
+            # same for the whole run, so each ID is one concatenation (in C, through map).
+            ids.extend(map((b"%013x" % (base >> _SEQUENCE_BITS)).__add__, _HEX3[first : last + 1]))
             count -= last - first + 1
             self._sequence = last
         return ids
