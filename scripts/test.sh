@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, unit, end-to-end, Spark and browser tests on Python 3.11,
-# and a fast subset (wire codec, client against nsqd, the wheel, nsqpy.testing's sample project, one
+# and a fast subset (protocol, HTTP, client, the wheel, nsqpy.testing's sample project, one
 # Spark test) on every other supported Python found on the machine (3.12, 3.13), each in its
 # own venv (.venv-3.1x).
 # CI runs exactly this (.ci/run). It installs what the tests need: the locked Python
@@ -20,6 +20,8 @@ export NSQPY_UV="${UV[*]}"  # tests/e2e/test_wheel.py builds and installs the wh
 PYTEST=(pytest -q -p no:cacheprovider)
 FAST_SUBSET=(
   tests/unit/test_wire_v2.py
+  tests/e2e/test_protocol_errors.py
+  tests/e2e/test_http_api.py
   tests/e2e/test_client.py
   tests/e2e/test_wheel.py
   tests/e2e/test_testing.py::test_sample_project_with_pynsq_passes_and_leaves_nothing
@@ -56,7 +58,7 @@ if [ $# -eq 0 ]; then
     log="$(mktemp)"
     set +e
     PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
-      "$venv/bin/python" -m "${PYTEST[@]}" "${FAST_SUBSET[@]}" 2>&1 | tee "$log"
+      "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     set -e
     ran+=("$version (fast subset)")
