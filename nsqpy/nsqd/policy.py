@@ -558,28 +558,19 @@ def _take_oldest(
     return out
 
 
-def trim_channel(channel: Channel, rules: Effective) -> None:
-    """After messages were queued: drop-head down to max_depth (overflow)."""
+def trim(owner: Channel | Topic, rules: Effective) -> None:
+    """After messages were queued in a channel or a topic: drop-head down to max_depth
+    (overflow)."""
     limit = rules.max_depth
-    if not limit or channel.exiting:
+    if not limit or owner.exiting:
         return
-    excess = len(channel._memory) + channel._backend.depth() - limit
+    excess = len(owner._memory) + owner._backend.depth() - limit
     if excess > 0:
-        nsqd = channel._nsqd
-        _send(
-            channel, rules, _take_oldest(channel, channel._memory, excess, nsqd), "overflow_count"
-        )
+        oldest = _take_oldest(owner, owner._memory, excess, owner._nsqd)
+        _send(owner, rules, oldest, "overflow_count")
 
 
-def trim_topic(topic: Topic, rules: Effective) -> None:
-    limit = rules.max_depth
-    if not limit or topic.exiting:
-        return
-    excess = len(topic._memory) + topic._backend.depth() - limit
-    if excess > 0:
-        _send(
-            topic, rules, _take_oldest(topic, topic._memory, excess, topic._nsqd), "overflow_count"
-        )
+trim_channel = trim_topic = trim
 
 
 def _sweep_queue(
