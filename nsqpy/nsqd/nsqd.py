@@ -19,6 +19,7 @@ from nsqpy.nsqd import metadata
 from nsqpy.nsqd.backend import BackendQueue, DiskBackend, DummyBackend, RefusingBackend
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.e2e import E2EStream
+from nsqpy.nsqd.message import GUIDFactory
 from nsqpy.nsqd.policy import PolicyBook
 from nsqpy.nsqd.topic import Topic
 from nsqpy.wire.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
@@ -49,6 +50,9 @@ class NSQD:
         self.opts = opts
         self.logger = logger or Logger(opts.log_prefix)
         self.topics: dict[str, Topic] = {}
+        # One ID factory for every topic (Go has one per topic): IDs are unique in the whole
+        # nsqd, so a dead letter or a copy in another topic never shares its source's ID.
+        self.ids = GUIDFactory(opts.node_id)
         self.start_time = time.time()
         self.exiting = False
         self._backend_factory = backend_factory

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.channel import Channel
-from nsqpy.nsqd.message import GUIDFactory, Message, from_payload, to_payload
+from nsqpy.nsqd.message import Message, from_payload, to_payload
 from nsqpy.nsqd.policy import Counts, Effective, trim_topic
 from nsqpy.wire.names import is_ephemeral
 
@@ -54,7 +54,7 @@ class Topic:
         self._nsqd = nsqd
         self._backend = backend
         self._memory: deque[BacklogEntry] = deque()
-        self._ids = GUIDFactory(nsqd.opts.node_id)
+        self._ids = nsqd.ids
         self.channels: dict[str, Channel] = {}
         self.paused = False
         self.exiting = False
