@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, requeued, to_payload
-from nsqpy.nsqd.policy import Counts, Effective, admit, returned, trim_channel
+from nsqpy.nsqd.policy import Counts, Effective, admit, returned, trim
 from nsqpy.nsqd.topology import preference_for
 from nsqpy.wire.names import is_ephemeral
 from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER, MESSAGE_HEADER
@@ -174,7 +174,7 @@ class Channel:
         self._enqueue(msgs)
         self.message_count += len(msgs)
         if self.policy is not None:
-            trim_channel(self, self.policy)
+            trim(self, self.policy)
 
     def unqueue(self, count: int) -> bool:
         """Take back the last ``count`` messages queued by enqueue, before any dispatch
@@ -433,7 +433,7 @@ class Channel:
                 f"CHANNEL({self.topic_name}:{self.name}): failed to requeue message - {err}"
             )
         if self.policy is not None:
-            trim_channel(self, self.policy)
+            trim(self, self.policy)
 
     # -- the queue scan (in-flight timeouts and due deferred messages, spec §7.8) ----------
 
@@ -490,7 +490,7 @@ class Channel:
                 f"CHANNEL({self.topic_name}:{self.name}): failed to queue deferred - {err}"
             )
         if self.policy is not None:
-            trim_channel(self, self.policy)
+            trim(self, self.policy)
         self.dispatch()
         return True
 

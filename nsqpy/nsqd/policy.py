@@ -8,8 +8,7 @@ points, each behind ``if x.policy is not None`` so that nothing is paid when not
 
 - ``Channel.requeue`` and the in-flight timeout: :func:`returned` (max attempts);
 - delivery (``Channel._sampled``, the careful path): :func:`admit` (TTL, max attempts);
-- ``Channel._enqueue`` and ``Topic._put_backlog``: :func:`trim_channel` / :func:`trim_topic`
-  (max depth, RabbitMQ's drop-head);
+- ``Channel._enqueue`` and ``Topic._put_backlog``: :func:`trim` (max depth, RabbitMQ's drop-head);
 - the queue scan (``NSQD.queue_scan``): :meth:`PolicyBook.tick` expires what no one reads,
   from memory, the deferred heap and the disk queue.
 
@@ -56,8 +55,7 @@ __all__ = [
     "PolicyError",
     "admit",
     "returned",
-    "trim_channel",
-    "trim_topic",
+    "trim",
 ]
 
 POLICY_FILE: Final = "nsqd.policies.dat"
@@ -271,11 +269,11 @@ class PolicyBook:
         """Re-resolve a live topic's and its channels' policies after a change."""
         topic.policy = self.rules(topic.name, None)
         if topic.policy is not None and not topic.exiting:
-            trim_topic(topic, topic.policy)  # a new max_depth applies to what is queued now
+            trim(topic, topic.policy)  # a new max_depth applies to what is queued now
         for channel in list(topic.channels.values()):
             channel.policy = self.rules(topic.name, channel.name)
             if channel.policy is not None and not channel.exiting:
-                trim_channel(channel, channel.policy)
+                trim(channel, channel.policy)
 
     # -- changes (HTTP) -----------------------------------------------------------------
 
@@ -568,9 +566,6 @@ def trim(owner: Channel | Topic, rules: Effective) -> None:
     if excess > 0:
         oldest = _take_oldest(owner, owner._memory, excess, owner._nsqd)
         _send(owner, rules, oldest, "overflow_count")
-
-
-trim_channel = trim_topic = trim
 
 
 def _sweep_queue(

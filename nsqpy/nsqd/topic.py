@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.message import Message, from_payload, to_payload
-from nsqpy.nsqd.policy import Counts, Effective, trim_topic
+from nsqpy.nsqd.policy import Counts, Effective, trim
 from nsqpy.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class Topic:
             # Go writes it to the backend, where the deferral is lost (spec §11).
             self._backend.put(to_payload(msg))
         if self.policy is not None and not self._flowing:
-            trim_topic(self, self.policy)
+            trim(self, self.policy)
         self.message_count += 1
         self.message_bytes += len(body)
 
@@ -159,7 +159,7 @@ class Topic:
             msgs = msgs[:room] if room > 0 else []
         memory.extend(msgs)
         if self.policy is not None:
-            trim_topic(self, self.policy)
+            trim(self, self.policy)
         if self.channels and not self.paused and not self._held:
             self._nsqd.request_pump(self)
 
