@@ -89,17 +89,19 @@ def encode_mpubs(
     max_count = max(1, min(options.publish_batch_size, (max_body - 4) // 5))
     head = b"MPUB " + topic.encode() + b"\n"
     pending: list[Any] = []
-    rows = 0
+    rows = size = 0  # what pending holds (size: its bodies' bytes)
     for batch in batches:
         column = _body_column(batch, max_msg)
         if not len(column):
             continue
         pending.append(column)
         rows += len(column)
-        if rows >= max_count:
+        size += _body_bytes(column)
+        if rows >= max_count or size >= max_body:  # a command's worth, in count or bytes
             tail = yield from _commands(head, pending, max_count, max_body, counter, final=False)
             pending = [tail] if tail is not None else []
             rows = len(tail) if tail is not None else 0
+            size = _body_bytes(tail) if tail is not None else 0
     if rows:
         yield from _commands(head, pending, max_count, max_body, counter, final=True)
 
@@ -137,6 +139,16 @@ def _commands(
         counter[0] += stop - start
         start = stop
     return None
+
+
+def _body_bytes(column: Any) -> int:
+    """The bytes of a binary column's values (from its offsets, not its buffers' sizes)."""
+    offsets = column.buffers()[1]
+    first, last = (
+        int.from_bytes(offsets[4 * i : 4 * i + 4].to_pybytes(), sys.byteorder, signed=True)
+        for i in (column.offset, column.offset + len(column))
+    )
+    return last - first
 
 
 def _int32_bytes(values: Any, count: int | None = None, buffer: int = 1) -> bytes:
