@@ -6,10 +6,13 @@ export UV_PYTHON_DOWNLOADS=never
 if command -v uv >/dev/null 2>&1; then
   UV=(uv)
 else
-  if ! python3 -m uv --version >/dev/null 2>&1; then
-    python3 -m pip install --quiet --disable-pip-version-check "uv==0.13.9"
+  # The absolute path: later steps put a venv's python3 first on PATH, which has no uv
+  # (tests/e2e/test_wheel.py runs "$NSQPY_UV build" from inside the 3.11 venv).
+  python="$(python3 -c 'import sys; print(sys.executable)')"
+  if ! "$python" -m uv --version >/dev/null 2>&1; then
+    "$python" -m pip install --quiet --disable-pip-version-check "uv==0.13.9"
   fi
-  UV=(python3 -m uv)
+  UV=("$python" -m uv)
 fi
 "${UV[@]}" sync --frozen --quiet --python "$(command -v python3.11 || command -v python3)"
 # Bytecode for the environment and nsqpy, written once here: where PYTHONDONTWRITEBYTECODE
