@@ -7,6 +7,7 @@ replies, and a redirect for a path that only differs by a trailing slash. Replie
 follow ``http_api.RespondV1``: ``X-NSQ-Content-Type: nsq; version=1.0`` on every V1
 reply, strings written raw, anything else as JSON, errors as ``{"message": <TEXT>}``.
 Parameters come from the query string only, parsed like Go's ``url.ParseQuery``.
+Requests and replies are those of our own server (:mod:`nsqpy.common.httpserver`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
-from aiohttp import web
-
 from nsqpy.common.goflags import format_duration_ns
 from nsqpy.common.gojson import encode_json
-from nsqpy.common.httplimits import GoServer
+from nsqpy.common.httpserver import Request, Response
 from nsqpy.common.log import Logger
 from nsqpy.common.net import format_address
 from nsqpy.wire.names import go_quote, is_valid_channel_name, is_valid_topic_name
@@ -37,7 +36,6 @@ __all__ = [
     "Route",
     "Router",
     "parse_query",
-    "server_runner",
     "text_response",
     "v1_error",
     "v1_response",
@@ -111,10 +109,9 @@ class ReqParams:
     An unparsable query string is a 400 ``INVALID_REQUEST``.
     """
 
-    def __init__(self, request: web.BaseRequest) -> None:
-        _, _, raw_query = request.raw_path.partition("?")
+    def __init__(self, request: Request) -> None:
         try:
-            self.values = parse_query(raw_query)
+            self.values = parse_query(request.query_string)
         except QueryError:
             raise HTTPError(400, "INVALID_REQUEST") from None
 
@@ -146,7 +143,7 @@ class ReqParams:
 # -- replies --------------------------------------------------------------------------------
 
 
-def v1_response(data: object, status: int = 200, *, sort_keys: bool = False) -> web.Response:
+def v1_response(data: object, status: int = 200, *, sort_keys: bool = False) -> Response:
     """``http_api.RespondV1``: str/bytes raw, None empty, anything else JSON.
 
     ``sort_keys`` for data Go holds in maps all the way down (json.Marshal sorts
@@ -158,31 +155,27 @@ def v1_response(data: object, status: int = 200, *, sort_keys: bool = False) -> 
     if isinstance(data, bytes):
         if data:
             headers["Content-Type"] = TEXT_CONTENT_TYPE  # what Go's content sniffing says
-        return web.Response(status=status, body=data, headers=headers)
+        return Response(status, data, headers)
     if data is None:
-        return web.Response(status=status, body=b"", headers=headers)
+        return Response(status, b"", headers)
     headers["Content-Type"] = JSON_CONTENT_TYPE
-    return web.Response(status=status, body=encode_json(data, sort_keys=sort_keys), headers=headers)
+    return Response(status, encode_json(data, sort_keys=sort_keys), headers)
 
 
-def v1_error(status: int, text: str) -> web.Response:
+def v1_error(status: int, text: str) -> Response:
     """``http_api.RespondV1`` for an error: ``{"message": text}``."""
     headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
-    return web.Response(status=status, body=encode_json({"message": text}), headers=headers)
+    return Response(status, encode_json({"message": text}), headers)
 
 
-def text_response(status: int, text: str, content_type: str = TEXT_CONTENT_TYPE) -> web.Response:
+def text_response(status: int, text: str, content_type: str = TEXT_CONTENT_TYPE) -> Response:
     """A plain reply (Go's ``PlainText`` decorator): no NSQ header."""
-    return web.Response(
-        status=status,
-        body=text.encode("utf-8", "surrogateescape"),
-        headers={"Content-Type": content_type},
-    )
+    return Response(status, text.encode("utf-8", "surrogateescape"), {"Content-Type": content_type})
 
 
 # -- routing --------------------------------------------------------------------------------
 
-Handler = Callable[[web.BaseRequest, str], Awaitable[object]]
+Handler = Callable[[Request, str], Awaitable[object]]
 """A route's handler: the request and the path's ``:name`` parameter ("" if none)."""
 
 
@@ -229,21 +222,19 @@ class Router:
                     return self.routes[pattern], param
         return None, ""
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Response:
         """Route ``request``, logging it as ``http_api.Log`` does when the route says so."""
         started = time.perf_counter_ns()
         response, logged = await self.dispatch(request)
         if logged:
             elapsed = format_duration_ns(time.perf_counter_ns() - started)
-            transport = request.transport
-            peer = transport.get_extra_info("peername") if transport is not None else None
             self.logger.info(
                 f"{response.status} {request.method} {request.raw_path} "
-                f"({format_address(peer or '')}) {elapsed}"
+                f"({format_address(request.peername or '')}) {elapsed}"
             )
         return response
 
-    async def dispatch(self, request: web.BaseRequest) -> tuple[web.StreamResponse, bool]:
+    async def dispatch(self, request: Request) -> tuple[Response, bool]:
         """The response to ``request`` and whether to log it."""
         path = request.path
         methods, param = self.match(path)
@@ -256,7 +247,7 @@ class Router:
         if route is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))
             if request.method == "OPTIONS":
-                return web.Response(status=200, headers={"Allow": allow}), False
+                return Response(200, b"", {"Allow": allow}), False
             response = v1_error(405, "METHOD_NOT_ALLOWED")
             response.headers["Allow"] = allow
             return response, True
@@ -269,26 +260,13 @@ class Router:
         except Exception as err:  # Go's LogPanicHandler
             self.logger.error(f"panic in HTTP handler - {err!r}\n{traceback.format_exc()}")
             return v1_error(500, "INTERNAL_ERROR"), True
-        if isinstance(result, web.StreamResponse):
+        if isinstance(result, Response):
             return result, route.log
         return v1_response(result), route.log
 
 
-def _redirect(request: web.BaseRequest, path: str) -> web.Response:
+def _redirect(request: Request, path: str) -> Response:
     # httprouter's RedirectTrailingSlash: 301 for GET, 308 for the other methods
     _, sep, query = request.raw_path.partition("?")
     status = 301 if request.method == "GET" else 308
-    return web.Response(status=status, headers={"Location": path + sep + query})
-
-
-async def server_runner(
-    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
-) -> web.ServerRunner:
-    """aiohttp's low-level server for ``handler``, set up: no access log, no signal
-    handling (the app owns SIGINT/SIGTERM), a second to close the connections, and Go's
-    request size limits (httplimits.py)."""
-    runner = web.ServerRunner(
-        GoServer(handler, access_log=None), handle_signals=False, shutdown_timeout=1.0
-    )
-    await runner.setup()
-    return runner
+    return Response(status, b"", {"Location": path + sep + query})

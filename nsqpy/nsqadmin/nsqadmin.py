@@ -11,9 +11,9 @@ from aiohttp import web
 
 from nsqpy.common.goflags import OptionsError, version_string
 from nsqpy.common.gotls import go_client_context
-from nsqpy.common.httplimits import GoAppRunner
 from nsqpy.common.log import Logger
 from nsqpy.nsqadmin.clusterinfo import ClusterInfo, HTTPClient
+from nsqpy.nsqadmin.golimits import GoAppRunner
 from nsqpy.nsqadmin.history import History, Sampler
 from nsqpy.nsqadmin.http_api import HTTPServer
 from nsqpy.nsqadmin.notify import Notifier

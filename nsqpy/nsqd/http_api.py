@@ -31,8 +31,6 @@ import traceback
 import tracemalloc
 from typing import TYPE_CHECKING, Any, Final
 
-from aiohttp import web
-
 from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import option_by_cfg_name, seconds_to_ns
 from nsqpy.common.httpapi import (
@@ -41,9 +39,9 @@ from nsqpy.common.httpapi import (
     HTTPError,
     ReqParams,
     Router,
-    server_runner,
     text_response,
 )
+from nsqpy.common.httpserver import BodyError, BodyTooLarge, HTTPServer, Request, Response
 from nsqpy.common.log import LogLevel
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.backend import BackendError
@@ -75,27 +73,16 @@ BOOL_PARAMS: Final = {"true": True, "1": True, "false": False, "0": False}
 _INT64 = re.compile(r"[+-]?[0-9]+\Z")
 
 
-async def _read_body(request: web.BaseRequest, limit: int) -> bytes | None:
+async def _read_body(request: Request, limit: int) -> bytes | None:
     """The body, or None when it is longer than ``limit`` (Go's LimitReader(limit + 1)).
 
     A body cut short by the client is a 500 INTERNAL_ERROR, as Go's failed read.
     """
-    content = request.content
-    length = request.content_length
     try:
-        if length is not None and length <= limit:
-            return await content.readexactly(length) if length else b""
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = await content.readany()
-            if not chunk:
-                return b"".join(chunks)
-            total += len(chunk)
-            if total > limit:
-                return None
-            chunks.append(chunk)
-    except (asyncio.IncompleteReadError, ConnectionError):
+        return await request.read(limit)
+    except BodyTooLarge:
+        return None
+    except BodyError:
         raise HTTPError(500, "INTERNAL_ERROR") from None
 
 
@@ -119,7 +106,7 @@ class NSQDHTTPServer:
         self.port = -1
         self.https_address = ""
         self.https_port = 0  # Go's RealHTTPSAddr().Port: 0 without an HTTPS listener
-        self._runner: web.ServerRunner | None = None
+        self._http: HTTPServer | None = None
         self._profiling = False
         self.router = Router(self.logger)
         self._routes = self.router.routes  # the same table, for tests that patch a handler
@@ -131,7 +118,7 @@ class NSQDHTTPServer:
         """Listen on ``--http-address`` (TCP ``host:port`` or a unix socket path), and on
         ``--https-address`` when TLS is configured."""
         track_gc_pauses()
-        self._runner = await server_runner(self._handle)
+        self._http = HTTPServer(self._handle, self.logger)
         tls_context: ssl.SSLContext | None = getattr(self.server, "tls_context", None)
         if tls_context is not None and self.opts.https_address:
             self.https_address, self.https_port = await self._listen(
@@ -143,29 +130,23 @@ class NSQDHTTPServer:
 
     async def _listen(self, address: str, tls: ssl.SSLContext | None) -> tuple[str, int]:
         """Open one listener; its address as logged, and its port (-1 for a unix socket)."""
-        assert self._runner is not None
-        site: web.BaseSite
+        assert self._http is not None
         if is_unix_address(address):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address)
-            site = web.UnixSite(self._runner, address, ssl_context=tls)
+            sock_name = await self._http.listen_unix(address, tls)
         else:
             host, port = split_host_port(address)
-            site = web.TCPSite(
-                self._runner, host or None, port, ssl_context=tls, reuse_address=True, backlog=1024
-            )
-        before = list(self._runner.addresses)
-        await site.start()
-        sock_name = next(a for a in self._runner.addresses if a not in before)
+            sock_name = await self._http.listen_tcp(host or None, port, tls)
         return format_address(sock_name), int(sock_name[1]) if isinstance(sock_name, tuple) else -1
 
     async def stop(self) -> None:
-        if self._runner is not None:
+        if self._http is not None:
             if self.https_address:
                 self.logger.info(f"HTTPS: closing {self.https_address}")
             self.logger.info(f"HTTP: closing {self.address}")
-            await self._runner.cleanup()
-            self._runner = None
+            await self._http.close()
+            self._http = None
             for address in (self.opts.http_address, self.https_address):
                 if address and is_unix_address(address):
                     with contextlib.suppress(OSError):
@@ -208,15 +189,15 @@ class NSQDHTTPServer:
         add("PUT", "/debug/setblockrate", self._set_block_rate, v1=False)
         add("POST", "/debug/freememory", self._free_memory, v1=False)
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _handle(self, request: Request) -> Response:
         if self.opts.tls_required == TLSRequired.REQUIRED and not request.secure:
             return self._tls_required()
         return await self.router.handle(request)
 
-    def _tls_required(self) -> web.Response:
+    def _tls_required(self) -> Response:
         body = f'{{"message": "TLS_REQUIRED", "https_port": {self.https_port}}}'
         headers = {V1_HEADER[0]: V1_HEADER[1], "Content-Type": JSON_CONTENT_TYPE}
-        return web.Response(status=403, body=body.encode(), headers=headers)
+        return Response(403, body.encode(), headers)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -224,7 +205,7 @@ class NSQDHTTPServer:
         error = getattr(self.nsqd, "health_error", None)
         return f"NOK - {error}" if error else "OK"
 
-    def _topic_from_query(self, request: web.BaseRequest) -> tuple[ReqParams, Topic]:
+    def _topic_from_query(self, request: Request) -> tuple[ReqParams, Topic]:
         """Go's ``getTopicFromQuery``: validates the name, then gets or creates the topic."""
         params = ReqParams(request)
         name = params.topic()
@@ -234,7 +215,7 @@ class NSQDHTTPServer:
             raise HTTPError(503, "EXITING")
         return params, self.nsqd.get_topic(name)
 
-    def _existing_topic_and_channel_name(self, request: web.BaseRequest) -> tuple[Topic, str]:
+    def _existing_topic_and_channel_name(self, request: Request) -> tuple[Topic, str]:
         """Go's ``getExistingTopicFromQuery`` (with ``GetTopicChannelArgs``)."""
         topic_name, channel_name = ReqParams(request).topic_channel()
         topic = self.nsqd.get_existing_topic(topic_name)
@@ -242,7 +223,7 @@ class NSQDHTTPServer:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic, channel_name
 
-    def _existing_channel(self, request: web.BaseRequest) -> Channel:
+    def _existing_channel(self, request: Request) -> Channel:
         topic, channel_name = self._existing_topic_and_channel_name(request)
         channel = topic.channels.get(channel_name)
         if channel is None:
@@ -263,11 +244,11 @@ class NSQDHTTPServer:
 
     # -- NSQ's routes ---------------------------------------------------------------------
 
-    async def _ping(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _ping(self, request: Request, _: str) -> Response:
         health = self._health()
         return text_response(200 if health == "OK" else 500, health)
 
-    async def _info(self, request: web.BaseRequest, _: str) -> object:
+    async def _info(self, request: Request, _: str) -> object:
         try:
             hostname = socket.gethostname()
         except OSError as err:
@@ -292,7 +273,7 @@ class NSQDHTTPServer:
             "topology_region": opts.topology_region,
         }
 
-    async def _pub(self, request: web.BaseRequest, _: str) -> object:
+    async def _pub(self, request: Request, _: str) -> object:
         max_size = self.opts.max_msg_size
         length = request.content_length
         if length is not None and length > max_size:
@@ -315,7 +296,7 @@ class NSQDHTTPServer:
         self._publish(topic, [body], delay)
         return "OK"
 
-    async def _mpub(self, request: web.BaseRequest, _: str) -> object:
+    async def _mpub(self, request: Request, _: str) -> object:
         opts = self.opts
         length = request.content_length
         if length is not None and length > opts.max_body_size:
@@ -364,7 +345,7 @@ class NSQDHTTPServer:
             raise HTTPError(413, "BAD_MESSAGE")  # a message cut short
         return command[1]
 
-    async def _stats(self, request: web.BaseRequest, _: str) -> object:
+    async def _stats(self, request: Request, _: str) -> object:
         params = ReqParams(request)
         topic = params.get("topic") or ""
         channel = params.get("channel") or ""
@@ -387,18 +368,18 @@ class NSQDHTTPServer:
         reply["producers"] = stats["producers"]
         return reply
 
-    async def _topic_create(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_create(self, request: Request, _: str) -> object:
         self._topic_from_query(request)
         return None
 
-    async def _topic_delete(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_delete(self, request: Request, _: str) -> object:
         try:
             self.nsqd.delete_topic(ReqParams(request).topic())
         except KeyError:
             raise HTTPError(404, "TOPIC_NOT_FOUND") from None
         return None
 
-    async def _topic_empty(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_empty(self, request: Request, _: str) -> object:
         name = ReqParams(request).topic()
         if not is_valid_topic_name(name):
             raise HTTPError(400, "INVALID_TOPIC")
@@ -412,7 +393,7 @@ class NSQDHTTPServer:
             raise HTTPError(500, "INTERNAL_ERROR") from None
         return None
 
-    async def _topic_pause(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_pause(self, request: Request, _: str) -> object:
         topic = self.nsqd.get_existing_topic(ReqParams(request).topic())
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
@@ -423,12 +404,12 @@ class NSQDHTTPServer:
         self.nsqd.persist_metadata()
         return None
 
-    async def _channel_create(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_create(self, request: Request, _: str) -> object:
         topic, channel_name = self._existing_topic_and_channel_name(request)
         topic.get_channel(channel_name)
         return None
 
-    async def _channel_delete(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_delete(self, request: Request, _: str) -> object:
         topic, channel_name = self._existing_topic_and_channel_name(request)
         try:
             topic.delete_channel(channel_name)
@@ -436,7 +417,7 @@ class NSQDHTTPServer:
             raise HTTPError(404, "CHANNEL_NOT_FOUND") from None
         return None
 
-    async def _channel_empty(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_empty(self, request: Request, _: str) -> object:
         channel = self._existing_channel(request)
         try:
             channel.empty()
@@ -447,7 +428,7 @@ class NSQDHTTPServer:
             raise HTTPError(500, "INTERNAL_ERROR") from None
         return None
 
-    async def _channel_pause(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_pause(self, request: Request, _: str) -> object:
         channel = self._existing_channel(request)
         if "unpause" in request.path:
             channel.unpause()
@@ -456,7 +437,7 @@ class NSQDHTTPServer:
         self.nsqd.persist_metadata()
         return None
 
-    async def _config(self, request: web.BaseRequest, opt: str) -> object:
+    async def _config(self, request: Request, opt: str) -> object:
         opts = self.opts
         if request.method == "PUT":
             body = await _read_body(request, opts.max_msg_size)
@@ -495,7 +476,7 @@ class NSQDHTTPServer:
 
     # -- beyond NSQ -------------------------------------------------------------------------
 
-    async def _channel_peek(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_peek(self, request: Request, _: str) -> object:
         """The next ``n`` (default 1, at most 1000) messages of the channel's memory queue,
         oldest first, without taking them; messages spilled to disk are not shown."""
         channel = self._existing_channel(request)
@@ -516,7 +497,7 @@ class NSQDHTTPServer:
             ],
         }
 
-    async def _policy(self, request: web.BaseRequest, _: str) -> object:
+    async def _policy(self, request: Request, _: str) -> object:
         """GET (effective policy, with sources), POST (JSON update: absent fields kept,
         null clears) and DELETE (clear) of a topic's or channel's policy (policy.py)."""
         params = ReqParams(request)
@@ -569,7 +550,7 @@ class NSQDHTTPServer:
         reply["effective"] = book.effective(topic_name, channel_name).to_json()
         return reply
 
-    async def _metrics(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _metrics(self, request: Request, _: str) -> Response:
         stats = get_stats(self.nsqd, self.server.clients, include_clients=True)
         text = format_prometheus(
             stats,
@@ -577,11 +558,11 @@ class NSQDHTTPServer:
             start_time=self.nsqd.start_time,
             connections=len(self.server.clients),
         )
-        return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+        return Response(200, text.encode(), {"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     # -- /debug ---------------------------------------------------------------------------------
 
-    async def _pprof_index(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _pprof_index(self, request: Request, _: str) -> Response:
         return text_response(
             200,
             "nsqd (nsqpy) debug pages, the Python counterparts of Go's /debug/pprof:\n\n"
@@ -597,7 +578,7 @@ class NSQDHTTPServer:
             f"Sampling flame graphs without overhead: py-spy record --pid {os.getpid()}\n",
         )
 
-    async def _pprof_goroutine(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _pprof_goroutine(self, request: Request, _: str) -> Response:
         out = io.StringIO()
         frames = sys._current_frames()
         threads = threading.enumerate()
@@ -617,13 +598,13 @@ class NSQDHTTPServer:
             out.write("".join(traceback.format_list(_await_stack(coro))))
         return text_response(200, out.getvalue())
 
-    async def _pprof_threads(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _pprof_threads(self, request: Request, _: str) -> Response:
         threads = threading.enumerate()
         lines = [f"threads: {len(threads)}"]
         lines += [f"{t.name} ident={t.ident} daemon={t.daemon}" for t in threads]
         return text_response(200, "\n".join(lines) + "\n")
 
-    async def _pprof_heap(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _pprof_heap(self, request: Request, _: str) -> Response:
         params = ReqParams(request)
         top_text = params.get("top") or "30"
         group = params.get("group") or "lineno"
@@ -664,7 +645,7 @@ class NSQDHTTPServer:
             out.write("tracemalloc stopped\n")
         return text_response(200, out.getvalue())
 
-    async def _pprof_profile(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _pprof_profile(self, request: Request, _: str) -> Response:
         import cProfile
         import pstats
 
@@ -695,10 +676,10 @@ class NSQDHTTPServer:
         pstats.Stats(profile, stream=out).sort_stats(sort).print_stats(int(top_text))
         return text_response(200, out.getvalue())
 
-    async def _pprof_cmdline(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _pprof_cmdline(self, request: Request, _: str) -> Response:
         return text_response(200, "\x00".join(sys.argv))
 
-    async def _set_block_rate(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _set_block_rate(self, request: Request, _: str) -> Response:
         rate = ReqParams(request).get("rate") or ""
         if not _INT64.match(rate):
             raise HTTPError(
@@ -709,12 +690,12 @@ class NSQDHTTPServer:
                 400,
                 f"invalid block rate : strconv.Atoi: parsing {go_quote(rate)}: value out of range",
             )
-        return web.Response(status=200, body=b"")
+        return Response(200)
 
-    async def _free_memory(self, request: web.BaseRequest, _: str) -> web.Response:
+    async def _free_memory(self, request: Request, _: str) -> Response:
         gc.collect()
         _malloc_trim()
-        return web.Response(status=200, body=b"")
+        return Response(200)
 
 
 def _await_stack(coro: Any) -> traceback.StackSummary:

@@ -11,18 +11,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import seconds_to_ns
 from nsqpy.common.httpapi import (
     HTTPError,
     ReqParams,
     Router,
-    server_runner,
     text_response,
     v1_response,
 )
+from nsqpy.common.httpserver import HTTPServer, Request
 from nsqpy.common.net import format_address
 from nsqpy.nsqlookupd.registration_db import (
     Registration,
@@ -52,7 +50,7 @@ class LookupdHTTPServer:
         self.logger = lookupd.logger
         self.address = ""
         self.port = 0
-        self._runner: web.ServerRunner | None = None
+        self._http: HTTPServer | None = None
         self.router = Router(self.logger)
         add = self.router.add
         add("GET", "/ping", self._ping, v1=False)
@@ -70,43 +68,37 @@ class LookupdHTTPServer:
 
     async def start(self, host: str | None, port: int) -> None:
         """Listen on ``host:port`` (port 0: any free port) and log the real address."""
-        self._runner = await server_runner(self.router.handle)
-        site = web.TCPSite(self._runner, host, port, reuse_address=True, backlog=1024)
-        try:
-            await site.start()
-        except BaseException:
-            await self._runner.cleanup()
-            self._runner = None
-            raise
-        sock_name = self._runner.addresses[0]
+        http = HTTPServer(self.router.handle, self.logger)
+        sock_name = await http.listen_tcp(host, port)
+        self._http = http
         self.address = format_address(sock_name)
         self.port = int(sock_name[1])
         self.logger.info(f"HTTP: listening on {self.address}")
 
     async def stop(self) -> None:
         """Stop listening and close the connections."""
-        if self._runner is not None:
+        if self._http is not None:
             self.logger.info(f"HTTP: closing {self.address}")
-            await self._runner.cleanup()
-            self._runner = None
+            await self._http.close()
+            self._http = None
 
     # -- handlers -------------------------------------------------------------------------
 
-    async def _ping(self, request: web.BaseRequest, _: str) -> object:
+    async def _ping(self, request: Request, _: str) -> object:
         return text_response(200, "OK")
 
-    async def _info(self, request: web.BaseRequest, _: str) -> object:
+    async def _info(self, request: Request, _: str) -> object:
         return {"version": NSQ_VERSION}
 
-    async def _topics(self, request: web.BaseRequest, _: str) -> object:
+    async def _topics(self, request: Request, _: str) -> object:
         return {"topics": keys(self.db.find_registrations("topic", "*", ""))}
 
-    async def _channels(self, request: web.BaseRequest, _: str) -> object:
+    async def _channels(self, request: Request, _: str) -> object:
         topic = ReqParams(request).topic()
         channels = subkeys(self.db.find_registrations("channel", topic, "*"))
         return {"channels": channels}
 
-    async def _lookup(self, request: web.BaseRequest, _: str) -> object:
+    async def _lookup(self, request: Request, _: str) -> object:
         topic = ReqParams(request).topic()
         db = self.db
         if not db.find_registrations("topic", topic, ""):
@@ -119,7 +111,7 @@ class LookupdHTTPServer:
         )
         return {"channels": channels, "producers": [p.peer_info.to_json() for p in producers]}
 
-    async def _topic_create(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_create(self, request: Request, _: str) -> object:
         topic = ReqParams(request).topic()
         if not is_valid_topic_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
@@ -127,7 +119,7 @@ class LookupdHTTPServer:
         self.db.add_registration(Registration("topic", topic, ""))
         return None
 
-    async def _topic_delete(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_delete(self, request: Request, _: str) -> object:
         topic = ReqParams(request).topic()
         db = self.db
         for k in db.find_registrations("channel", topic, "*"):
@@ -138,7 +130,7 @@ class LookupdHTTPServer:
             db.remove_registration(k)
         return None
 
-    async def _topic_tombstone(self, request: web.BaseRequest, _: str) -> object:
+    async def _topic_tombstone(self, request: Request, _: str) -> object:
         params = ReqParams(request)
         topic = params.topic()
         node = params.get("node")
@@ -151,7 +143,7 @@ class LookupdHTTPServer:
                 producer.tombstone()
         return None
 
-    async def _channel_create(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_create(self, request: Request, _: str) -> object:
         topic, channel = ReqParams(request).topic_channel()
         self.logger.info(f"DB: adding channel({channel}) in topic({topic})")
         self.db.add_registration(Registration("channel", topic, channel))
@@ -159,7 +151,7 @@ class LookupdHTTPServer:
         self.db.add_registration(Registration("topic", topic, ""))
         return None
 
-    async def _channel_delete(self, request: web.BaseRequest, _: str) -> object:
+    async def _channel_delete(self, request: Request, _: str) -> object:
         topic, channel = ReqParams(request).topic_channel()
         registrations = self.db.find_registrations("channel", topic, channel)
         if not registrations:
@@ -169,7 +161,7 @@ class LookupdHTTPServer:
             self.db.remove_registration(k)
         return None
 
-    async def _nodes(self, request: web.BaseRequest, _: str) -> object:
+    async def _nodes(self, request: Request, _: str) -> object:
         db = self.db
         lifetime = seconds_to_ns(self.opts.tombstone_lifetime)
         # tombstoned nodes are listed: only inactivity filters here
@@ -194,7 +186,7 @@ class LookupdHTTPServer:
             nodes.append({**info.to_json(), "tombstones": tombstones, "topics": topics})
         return {"producers": nodes}
 
-    async def _debug(self, request: web.BaseRequest, _: str) -> object:
+    async def _debug(self, request: Request, _: str) -> object:
         # maps all the way down: json.Marshal sorts the keys at every level
         data: dict[str, Any] = {}
         for k, producers in self.db.items():

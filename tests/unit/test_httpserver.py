@@ -1,0 +1,418 @@
+"""nsqpy.common.httpserver: the head parser, the chunked decoder and the reply encoder fed
+bytes directly, then the server over real sockets on 127.0.0.1 (pipelining, HTTP/1.0,
+slow clients, oversized heads, graceful close)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from nsqpy.common.httplimits import MAX_HEADER_BYTES, TOO_LARGE
+from nsqpy.common.httpserver import (
+    BadRequest,
+    BodyError,
+    BodyTooLarge,
+    ChunkedDecoder,
+    HTTPServer,
+    Request,
+    Response,
+    encode_response,
+    find_head_end,
+    http_date,
+    parse_head,
+)
+
+T = TypeVar("T")
+
+BAD_REQUEST = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\n\r\n400 Bad Request"
+)
+
+
+def arun(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+# -- the head -------------------------------------------------------------------------------
+
+
+def test_parse_head_reads_line_target_and_headers() -> None:
+    request = parse_head(
+        b"POST /p%69ng?topic=a%20b&x HTTP/1.1\r\nHost: h\r\nX-Two: 1\r\n"
+        b"x-two: 2\r\nContent-Length:  12 \r\n\r\n"
+    )
+    assert (request.method, request.path, request.raw_path) == (
+        "POST",
+        "/ping",
+        "/p%69ng?topic=a%20b&x",
+    )
+    assert request.query_string == "topic=a%20b&x"
+    assert request.version == (1, 1)
+    assert request.headers["X-TWO"] == "1, 2"
+    assert request.headers.get("host") == "h"
+    assert "content-length" in request.headers
+    assert request.content_length == 12
+    assert not request.chunked
+    assert request.keep_alive
+
+
+@pytest.mark.parametrize(
+    ("head", "keep_alive"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", True),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Close\r\n\r\n", False),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade, close\r\n\r\n", False),
+        (b"GET / HTTP/1.0\r\n\r\n", False),
+        (b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", True),
+    ],
+)
+def test_keep_alive_follows_version_and_connection(head: bytes, keep_alive: bool) -> None:
+    assert parse_head(head).keep_alive is keep_alive
+
+
+def test_bare_lf_lines_and_absolute_targets_are_read_as_go_does() -> None:
+    request = parse_head(b"GET http://h:1/ping?a=1 HTTP/1.1\nHost: h\n\n")
+    assert (request.path, request.query_string) == ("/ping", "a=1")
+    assert parse_head(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n").path == "*"
+
+
+def test_chunked_wins_over_content_length_and_identical_lengths_pass() -> None:
+    request = parse_head(
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nTransfer-Encoding: Chunked\r\n\r\n"
+    )
+    assert request.chunked and request.content_length is None
+    assert (
+        parse_head(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n"
+        ).content_length
+        == 1
+    )
+    # HTTP/1.0 knows no transfer codings: the Content-Length counts
+    assert (
+        parse_head(
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n"
+        ).content_length
+        == 2
+    )
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /ping\r\nHost: h\r\n\r\n",
+        b"GET  /ping HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET /ping FOO/1.1\r\nHost: h\r\n\r\n",
+        b"GET /ping HTTP/1.x\r\nHost: h\r\n\r\n",
+        b"G(T /ping HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET ping HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET /p%zzng HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: h\r\nNoColon\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost : h\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\r\n folded\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: h\r\nHost: i\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: abc\r\n\r\n",
+    ],
+)
+def test_malformed_heads_get_go_400(head: bytes) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_head(head)
+    assert caught.value.reply == BAD_REQUEST
+
+
+def test_go_replies_for_host_version_and_transfer_coding() -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_head(b"GET / HTTP/1.1\r\n\r\n")
+    assert caught.value.reply.endswith(b"\r\n\r\n400 Bad Request: missing required Host header")
+    with pytest.raises(BadRequest) as caught:
+        parse_head(b"GET / HTTP/2.0\r\nHost: h\r\n\r\n")
+    assert caught.value.reply.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n")
+    with pytest.raises(BadRequest) as caught:
+        parse_head(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+    assert caught.value.reply == (
+        b"HTTP/1.1 501 Not Implemented\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Connection: close\r\n\r\nUnsupported transfer encoding"
+    )
+
+
+def test_find_head_end_takes_the_first_blank_line() -> None:
+    assert find_head_end(b"GET / HTTP/1.1\r\nHost: h\r\n\r\nBODY") == 27
+    assert find_head_end(b"GET / HTTP/1.1\nHost: h\n\nBODY\r\n\r\n") == 24
+    assert find_head_end(b"GET / HTTP/1.1\r\nHost: h\r\n") == -1
+
+
+# -- bodies ---------------------------------------------------------------------------------
+
+CHUNKED = b"5;ext=1\r\nhello\r\n1A\r\n" + b"z" * 26 + b"\r\n0\r\nTrailer: t\r\n\r\nNEXT"
+
+
+def test_chunked_body_decoded_in_one_piece_or_byte_by_byte() -> None:
+    decoder = ChunkedDecoder()
+    pieces, end = decoder.feed(CHUNKED)
+    assert b"".join(pieces) == b"hello" + b"z" * 26
+    assert decoder.done and CHUNKED[end:] == b"NEXT"
+
+    decoder = ChunkedDecoder()
+    body = b""
+    for i in range(len(CHUNKED)):
+        pieces, end = decoder.feed(CHUNKED[i : i + 1])
+        body += b"".join(pieces)
+        if decoder.done:
+            assert CHUNKED[i + 1 :] == b"NEXT" and end == 1
+            break
+    assert body == b"hello" + b"z" * 26
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"zz\r\nhello\r\n", b"\r\n", b"5\r\nhelloXX0\r\n\r\n", b"0x5\r\nhello\r\n", b"1" * 5000],
+)
+def test_broken_chunked_bodies_are_errors(data: bytes) -> None:
+    with pytest.raises(BodyError):
+        ChunkedDecoder().feed(data)
+
+
+# -- replies --------------------------------------------------------------------------------
+
+
+def _request(head: bytes) -> Request:
+    return parse_head(head)
+
+
+def test_reply_headers_in_aiohttp_order_with_date_and_connection() -> None:
+    date = http_date()
+    response = Response(405, b"{}", {"Content-Type": "application/json", "Allow": "GET"})
+    get11 = _request(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert encode_response(response, get11, keep_alive=True) == (
+        b"HTTP/1.1 405 Method Not Allowed\r\nContent-Type: application/json\r\nAllow: GET\r\n"
+        b"Content-Length: 2\r\nDate: " + date.encode() + b"\r\n\r\n{}"
+    )
+    assert b"\r\nConnection: close\r\n\r\n{}" in encode_response(response, get11, keep_alive=False)
+    get10 = _request(b"GET / HTTP/1.0\r\n\r\n")
+    assert encode_response(Response(200, b"x"), get10, keep_alive=True) == (
+        b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\nContent-Type: application/octet-stream\r\n"
+        b"Date: " + date.encode() + b"\r\nConnection: keep-alive\r\n\r\nx"
+    )
+    head = _request(b"HEAD / HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert encode_response(Response(200, b"abc"), head, keep_alive=True).endswith(
+        b"Content-Length: 3\r\nDate: " + date.encode() + b"\r\n\r\n"
+    )
+    assert b"Content-Length" not in encode_response(Response(200), head, keep_alive=True)
+
+
+def test_http_date_is_imf_fixdate() -> None:
+    assert http_date(784111777) == "Sun, 06 Nov 1994 08:49:37 GMT"
+
+
+# -- over sockets ---------------------------------------------------------------------------
+
+
+async def _echo(request: Request) -> Response:
+    """Replies with what it saw; ``/slow`` waits first, ``/limit`` reads at most 10 bytes."""
+    if request.path == "/slow":
+        await asyncio.sleep(0.2)
+    try:
+        body = await request.read(10 if request.path == "/limit" else -1)
+    except BodyTooLarge:
+        return Response(413, b"too large")
+    except BodyError:
+        return Response(500, b"broken body")
+    return Response(200, f"{request.method} {request.raw_path} {len(body)} ".encode() + body)
+
+
+async def _serving(
+    scenario: Callable[[int], Awaitable[T]], handler: Callable[[Request], Any] = _echo
+) -> T:
+    server = HTTPServer(handler)
+    _, port = (await server.listen_tcp("127.0.0.1", 0))[:2]
+    try:
+        return await scenario(port)
+    finally:
+        await server.close()
+
+
+async def _exchange(port: int, *parts: bytes, pause: float = 0.0) -> bytes:
+    """Send ``parts`` (``pause`` s apart) and read until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            if pause:
+                await asyncio.sleep(pause)
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+def _bodies(replies: bytes) -> list[bytes]:
+    return [part.split(b"\r\n\r\n", 1)[1] for part in replies.split(b"HTTP/1.")[1:]]
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    requests = (
+        b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+        b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n"
+        b"POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n"
+        b"\r\nGET /d?q HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    )
+    replies = arun(_serving(lambda port: _exchange(port, requests)))
+    assert _bodies(replies) == [b"POST /a 3 abc", b"GET /slow 0 ", b"POST /c 3 xyz", b"GET /d?q 0 "]
+    assert replies.count(b"Connection: close") == 1
+
+
+def test_http10_closes_unless_kept_alive() -> None:
+    replies = arun(_serving(lambda port: _exchange(port, b"GET /x HTTP/1.0\r\n\r\n")))
+    assert replies.startswith(b"HTTP/1.0 200 OK\r\n") and b"Connection" not in replies
+
+    async def kept(port: int) -> list[bytes]:
+        return _bodies(
+            await _exchange(
+                port,
+                b"GET /1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /2 HTTP/1.0\r\n\r\n",
+            )
+        )
+
+    assert arun(_serving(kept)) == [b"GET /1 0 ", b"GET /2 0 "]
+
+
+def test_a_slow_client_is_served_byte_by_byte() -> None:
+    request = (
+        b"POST /pub HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    )
+    parts = [request[i : i + 1] for i in range(len(request))]
+    replies = arun(_serving(lambda port: _exchange(port, *parts, pause=0.002)))
+    assert _bodies(replies) == [b"POST /pub 5 hello"]
+
+
+def test_slow_headers_block_nobody() -> None:
+    async def scenario(port: int) -> bytes:
+        _, slow = await asyncio.open_connection("127.0.0.1", port)
+        slow.write(b"GET /slowloris HTTP/1.1\r\nHost: h\r\nX-Slow: ")
+        try:
+            return await _exchange(
+                port, b"GET /other HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+            )
+        finally:
+            slow.close()
+
+    assert _bodies(arun(_serving(scenario))) == [b"GET /other 0 "]
+
+
+def test_oversized_heads_get_go_431_and_close() -> None:
+    big = b"GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
+    assert arun(_serving(lambda port: _exchange(port, big))) == TOO_LARGE
+    # sent in small pieces, with no end of head in sight
+    parts = [b"GET / HTTP/1.1\r\n"] + [b"X-H: " + b"v" * 4090 + b"\r\n"] * 300
+    assert arun(_serving(lambda port: _exchange(port, *parts))) == TOO_LARGE
+    # within the budget, a long target and many headers are served
+    many = b"".join(b"X-H%d: v\r\n" % i for i in range(3000))
+    fine = (
+        b"GET /"
+        + b"p" * 200_000
+        + b" HTTP/1.1\r\nHost: h\r\n"
+        + many
+        + b"Connection: close\r\n\r\n"
+    )
+    assert arun(_serving(lambda port: _exchange(port, fine))).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_bad_request_gets_go_400_and_close() -> None:
+    replies = arun(
+        _serving(lambda port: _exchange(port, b"GET / HTTP/1.1\r\nHost: h\r\n\r\nGARBAGE\r\n\r\n"))
+    )
+    assert replies.endswith(BAD_REQUEST) and replies.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_a_body_over_the_limit_is_drained_and_the_connection_kept() -> None:
+    requests = (
+        b"POST /limit HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"6\r\nabcdef\r\n6\r\nghijkl\r\n" * 100
+        + b"0\r\n\r\n"
+        + b"POST /limit HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\n"
+        + b"x" * 100
+        + b"GET /last HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    )
+    replies = arun(_serving(lambda port: _exchange(port, requests)))
+    assert _bodies(replies) == [b"too large", b"too large", b"GET /last 0 "]
+
+
+def test_broken_chunked_body_reaches_the_handler_then_closes() -> None:
+    request = b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\nGET / HTTP/1.1\r\n"
+    replies = arun(_serving(lambda port: _exchange(port, request)))
+    assert replies.startswith(b"HTTP/1.1 200 OK\r\n") is False
+    assert _bodies(replies) == [b"broken body"] and b"Connection: close" in replies
+
+
+def test_expect_continue_is_answered_when_the_body_is_read() -> None:
+    async def scenario(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nExpect: 100-continue\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.write(b"ok")
+        rest = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return interim + rest
+
+    replies = arun(_serving(scenario))
+    assert replies.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n")
+    assert replies.endswith(b"POST /x 2 ok")
+
+
+def test_close_finishes_requests_in_progress_and_closes_idle_connections() -> None:
+    async def scenario() -> tuple[bytes, bytes]:
+        server = HTTPServer(_echo)
+        _, port = (await server.listen_tcp("127.0.0.1", 0))[:2]
+        idle_reader, idle = await asyncio.open_connection("127.0.0.1", port)
+        idle.write(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
+        await idle_reader.readuntil(b"GET /first 0 ")
+        busy = asyncio.create_task(_exchange(port, b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n"))
+        await asyncio.sleep(0.05)
+        await server.close()
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+        idle_rest = await asyncio.wait_for(idle_reader.read(), 5)
+        idle.close()
+        return await busy, idle_rest
+
+    busy, idle_rest = arun(scenario())
+    assert _bodies(busy) == [b"GET /slow 0 "] and b"Connection: close" in busy
+    assert idle_rest == b""
+
+
+def test_handler_errors_are_500_and_a_unix_socket_serves(tmp_path: Path) -> None:
+    async def failing(request: Request) -> Response:
+        raise RuntimeError("boom")
+
+    async def scenario() -> bytes:
+        server = HTTPServer(failing)
+        path = str(tmp_path / "http.sock")
+        await server.listen_unix(path)
+        try:
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            reply = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            return reply
+        finally:
+            await server.close()
+
+    assert arun(scenario()).startswith(b"HTTP/1.0 500 Internal Server Error\r\n")
+
+
+def test_a_wrong_request_line_is_refused_before_the_head_ends() -> None:
+    # what go-nsq sends first: the magic, then IDENTIFY; never a blank line
+    replies = arun(
+        _serving(lambda port: _exchange(port, b"  V2", b"IDENTIFY\n\x00\x00\x00\x02{}", pause=0.05))
+    )
+    assert replies == BAD_REQUEST
