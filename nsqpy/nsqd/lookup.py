@@ -26,8 +26,6 @@ import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final, cast
 
-import aiohttp
-
 from nsqpy import NSQ_VERSION
 from nsqpy.common.log import LogLevel
 from nsqpy.common.net import split_host_port
@@ -45,6 +43,8 @@ from nsqpy.wire.v1 import (
 )
 
 if TYPE_CHECKING:
+    import aiohttp  # imported when first used: it is slow to import
+
     from nsqpy.nsqd.channel import Channel
     from nsqpy.nsqd.server import NSQDServer
     from nsqpy.nsqd.topic import Topic
@@ -515,6 +515,8 @@ class LookupPeers:
         """``GET http://<address>/channels?topic=<topic>`` (http_api.Client.GETV1)."""
         opts = self.opts
         if self._http is None:
+            import aiohttp
+
             timeout = aiohttp.ClientTimeout(
                 total=opts.http_client_request_timeout,
                 sock_connect=opts.http_client_connect_timeout,
