@@ -30,7 +30,6 @@ import enum
 import math
 import re
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -879,6 +878,8 @@ def _parse_command_line(
 
 def load_config_file(path: str) -> dict[str, Any]:
     """Read a TOML config file; any failure is a :class:`ConfigError` naming the file."""
+    import tomllib  # loaded when first used: most servers start without a config file
+
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)

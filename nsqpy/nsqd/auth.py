@@ -35,7 +35,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import quote_plus, urlsplit, urlunsplit
 
 from nsqpy.common.gojson import encode_json
 
@@ -417,6 +416,8 @@ def auth_values(remote_ip: str, tls: bool, common_name: str, secret: bytes) -> d
 
 def encode_values(values: Mapping[str, bytes]) -> str:
     """Go's ``url.Values.Encode``: sorted by key, ``QueryEscape``d (space as ``+``)."""
+    from urllib.parse import quote_plus  # loaded when first used: most nsqds have no auth
+
     return "&".join(f"{quote_plus(k)}={quote_plus(values[k])}" for k in sorted(values))
 
 
@@ -435,6 +436,8 @@ def _https_endpoint(endpoint: str, body: bytes) -> str:
     port = data.get("https_port", 0) if isinstance(data, dict) else 0
     if isinstance(port, bool) or not isinstance(port, int):
         raise AuthError("json: cannot unmarshal https_port")
+    from urllib.parse import urlsplit, urlunsplit
+
     parts = urlsplit(endpoint)
     host, sep, _ = parts.netloc.rpartition(":")
     if not sep or (host.count(":") and not host.startswith("[")):

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import io
 import json
@@ -28,7 +26,6 @@ import sys
 import threading
 import time
 import traceback
-import tracemalloc
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqpy import NSQ_VERSION
@@ -605,6 +602,8 @@ class NSQDHTTPServer:
         return text_response(200, "\n".join(lines) + "\n")
 
     async def _pprof_heap(self, request: Request, _: str) -> Response:
+        import tracemalloc  # the /debug pages' modules load when first used
+
         params = ReqParams(request)
         top_text = params.get("top") or "30"
         group = params.get("group") or "lineno"
@@ -711,6 +710,9 @@ def _await_stack(coro: Any) -> traceback.StackSummary:
 
 def _malloc_trim() -> None:
     """Give free heap memory back to the OS (glibc only), like Go's FreeOSMemory."""
+    import ctypes
+    import ctypes.util
+
     name = ctypes.util.find_library("c")
     if not name:
         return

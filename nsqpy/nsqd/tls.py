@@ -11,9 +11,8 @@ the auth server).
 
 from __future__ import annotations
 
-import ctypes
 import ssl
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from nsqpy.common.gotls import accept_as_go, go_client_context
 from nsqpy.nsqd.options import Options
@@ -112,14 +111,14 @@ def build_client_tls_context(opts: Options) -> ssl.SSLContext:
 # verifies the chain. OpenSSL's own answer is a verify callback that accepts everything,
 # which the ssl module does not expose; it is set here through libssl with ctypes, on the
 # SSL_CTX pointer that CPython keeps as the first field after the object header.
-_VerifyCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+# (ctypes is imported only then: it is slow to import and most nsqds never need it.)
 
 
 def _accept(preverify_ok: int, store_ctx: int | None) -> int:
     return 1
 
 
-_accept_any_certificate = _VerifyCallback(_accept)  # kept referenced: OpenSSL calls it
+_accept_any_certificate: Any = None  # the ctypes callback, kept referenced: OpenSSL calls it
 
 
 _SSL_VERIFY_PEER: Final = 0x01
@@ -127,7 +126,13 @@ _SSL_VERIFY_FAIL_IF_NO_PEER_CERT: Final = 0x02
 
 
 def _require_any_client_certificate(ctx: ssl.SSLContext) -> None:
+    global _accept_any_certificate
     import _ssl
+    import ctypes
+
+    verify_callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+    if _accept_any_certificate is None:
+        _accept_any_certificate = verify_callback(_accept)
 
     try:
         libssl = ctypes.CDLL(_ssl.__file__)  # resolves libssl symbols through _ssl's links
@@ -139,7 +144,7 @@ def _require_any_client_certificate(ctx: ssl.SSLContext) -> None:
         ) from None
     get_verify_mode.argtypes = [ctypes.c_void_p]
     get_verify_mode.restype = ctypes.c_int
-    set_verify.argtypes = [ctypes.c_void_p, ctypes.c_int, _VerifyCallback]
+    set_verify.argtypes = [ctypes.c_void_p, ctypes.c_int, verify_callback]
     set_verify.restype = None
     ssl_ctx = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
     # Make sure the pointer is this context's SSL_CTX before handing it to OpenSSL.

@@ -24,9 +24,7 @@ DEFLATE
 from __future__ import annotations
 
 import zlib
-from typing import Final
-
-import cramjam
+from typing import Any, Final
 
 __all__ = [
     "MAX_SNAPPY_BLOCK_SIZE",
@@ -92,18 +90,26 @@ def masked_crc32c(data: bytes) -> int:
 # -- snappy framing ----------------------------------------------------------------------
 
 
+def _cramjam() -> Any:
+    # imported by the first snappy stream: most nsqds never negotiate one
+    import cramjam
+
+    return cramjam
+
+
 class SnappyStreamEncoder:
     """golang/snappy's ``Writer``: the stream identifier first, then one or more chunks
     (64 KiB of input each, stored uncompressed when compression does not pay) per call."""
 
-    __slots__ = ("_started",)
+    __slots__ = ("_snappy", "_started")
 
     def __init__(self) -> None:
+        self._snappy = _cramjam().snappy
         self._started = False
 
     def encode(self, data: bytes) -> bytes:
         """The framed bytes for ``data`` (which must not be empty)."""
-        framed = cramjam.snappy.compress(data)
+        framed = self._snappy.compress(data)
         if self._started:
             # cramjam starts every stream with the identifier; ours has already sent it.
             return bytes(memoryview(framed)[len(SNAPPY_STREAM_IDENTIFIER) :])
@@ -119,9 +125,10 @@ class SnappyStreamDecoder:
     call per :meth:`decode`; a partial chunk waits for the next call.
     """
 
-    __slots__ = ("_buf", "_failed", "_started")
+    __slots__ = ("_buf", "_cramjam", "_failed", "_started")
 
     def __init__(self) -> None:
+        self._cramjam = _cramjam()
         self._buf = b""
         self._started = False
         self._failed: str | None = None
@@ -162,11 +169,11 @@ class SnappyStreamDecoder:
             if pos == 0:
                 return b""
             # Every complete chunk so far, behind an identifier so that cramjam accepts it.
-            return bytes(cramjam.snappy.decompress(SNAPPY_STREAM_IDENTIFIER + buf[:pos]))
+            return bytes(self._cramjam.snappy.decompress(SNAPPY_STREAM_IDENTIFIER + buf[:pos]))
         except CompressionError as err:
             self._failed = str(err)
             raise
-        except cramjam.DecompressionError as err:
+        except self._cramjam.DecompressionError as err:
             self._failed = SNAPPY_CORRUPT
             raise CompressionError(f"{SNAPPY_CORRUPT} ({err})") from None
 
