@@ -1,15 +1,28 @@
 """Messages as the engine keeps them, and their IDs (spec §2.1, §7.3).
 
-A queued message is a plain tuple ``(id, timestamp_ns, attempts, body)``: no
-per-message class instance, so millions of queued messages cost the garbage
-collector nothing (tuples of bytes and ints are untracked after their first
-collection) and one tuple is shared by every channel of a topic.
+A message is a plain tuple ``(id, timestamp_ns, attempts, body)``: no per-message
+class instance, so millions of them cost the garbage collector nothing (tuples of
+bytes and ints are untracked after their first collection). In-flight, requeued,
+deferred and disk-read messages, and those of a PUB, are such tuples.
+
+The messages of one MPUB are queued as one :class:`Run` instead: the MPUB's body
+as it came off the wire (each message body behind its 4-byte size) and what the
+messages have in common: their IDs are consecutive (one 13-hex-digit prefix and a
+3-hex-digit sequence), their timestamp is the publish time, their attempts are 0.
+So a queued message costs its bytes on the wire and no object of its own (a tuple,
+an ID and a body: ~390 B for a 200-byte body, ~205 B in a run). A channel takes
+messages off the head of a run when it delivers them (:func:`take`); what is left
+is a new, shorter run in its place: runs are immutable, and shared by all the
+channels of a topic.
 """
 
 from __future__ import annotations
 
+import struct
 import time
-from typing import Final, TypeAlias
+from collections import deque
+from collections.abc import Iterable
+from typing import Final, NamedTuple, TypeAlias, TypeVar
 
 from nsqpy.wire.v2 import decode_message, encode_message
 
@@ -30,6 +43,141 @@ _SEQUENCE_BITS: Final = 12
 _NODE_ID_BITS: Final = 10
 _SEQUENCE_MASK: Final = (1 << _SEQUENCE_BITS) - 1
 _HEX3: Final = [b"%03x" % seq for seq in range(_SEQUENCE_MASK + 1)]  # 12 bits = 3 hex digits
+
+
+_SIZE: Final = struct.Struct(">I")
+
+
+class Run(NamedTuple):
+    """``length`` messages of one MPUB: their bodies are ``payload[start:]`` as on the wire
+    (``<size><body>`` each), their IDs ``prefix + %03x(seq + i)``; attempts are 0."""
+
+    payload: bytes
+    start: int
+    length: int
+    prefix: bytes
+    seq: int
+    timestamp: int
+
+
+Entry: TypeAlias = Message | Run
+"""A memory-queue entry: one message, or a run of them."""
+
+_T = TypeVar("_T")
+
+
+def new_runs(
+    payload: bytes, count: int, timestamp: int, spans: list[tuple[bytes, int, int]]
+) -> list[Run]:
+    """The runs of ``count`` packed bodies, one per span of IDs (GUIDFactory.new_spans)."""
+    if len(spans) == 1:
+        prefix, seq, _ = spans[0]
+        return [Run(payload, 0, count, prefix, seq, timestamp)]
+    runs: list[Run] = []
+    pos = 0
+    unpack = _SIZE.unpack_from
+    for prefix, seq, n in spans:  # the 4096 IDs of a tick ran out: a new prefix
+        runs.append(Run(payload, pos, n, prefix, seq, timestamp))
+        for _ in range(n):
+            pos += 4 + unpack(payload, pos)[0]
+    return runs
+
+
+def run_messages(run: Run, count: int) -> tuple[list[Message], Run | None]:
+    """The first ``count`` messages of ``run`` as tuples, and the run of the others (None if
+    there are none)."""
+    payload, pos, total, prefix, seq, timestamp = run
+    unpack = _SIZE.unpack_from
+    msgs: list[Message] = []
+    append = msgs.append
+    for hex3 in _HEX3[seq : seq + min(count, total)]:
+        (size,) = unpack(payload, pos)
+        pos += 4
+        append((prefix + hex3, timestamp, 0, payload[pos : pos + size]))
+        pos += size
+    if count >= total:
+        return msgs, None
+    if not count:
+        return msgs, run
+    return msgs, Run(payload, pos, total - count, prefix, seq + count, timestamp)
+
+
+def run_head(run: Run, count: int) -> Run:
+    """The run of the first ``count`` messages of ``run``."""
+    return Run(run.payload, run.start, count, run.prefix, run.seq, run.timestamp)
+
+
+def cut(run: Run, count: int) -> tuple[Run, Run]:
+    """``run`` in two: its first ``count`` messages and the others (0 < count < run.length)."""
+    payload, start, total, prefix, seq, timestamp = run
+    pos = start
+    unpack = _SIZE.unpack_from
+    for _ in range(count):
+        pos += 4 + unpack(payload, pos)[0]
+    return (
+        Run(payload, start, count, prefix, seq, timestamp),
+        Run(payload, pos, total - count, prefix, seq + count, timestamp),
+    )
+
+
+def take(memory: deque[_T | Run], count: int) -> list[_T | Message]:
+    """Up to ``count`` messages off the head of a memory queue: the head of a longer run is
+    cut off and the rest of it left in its place. Other entries come out as they are."""
+    out: list[_T | Message] = []
+    popleft = memory.popleft
+    while memory and len(out) < count:
+        entry = popleft()
+        if isinstance(entry, Run):
+            msgs, rest = run_messages(entry, count - len(out))
+            out.extend(msgs)
+            if rest is not None:
+                memory.appendleft(rest)
+        else:
+            out.append(entry)
+    return out
+
+
+def drop_last(memory: deque[_T | Run], count: int) -> None:
+    """Remove the last ``count`` messages of a memory queue (it holds that many)."""
+    while count > 0:
+        entry = memory.pop()
+        if isinstance(entry, Run):
+            if entry.length > count:
+                memory.append(run_head(entry, entry.length - count))
+                return
+            count -= entry.length
+        else:
+            count -= 1
+
+
+def split(entries: list[Entry], count: int) -> tuple[list[Entry], list[Message]]:
+    """The entries of the first ``count`` messages, and the messages after them."""
+    head: list[Entry] = []
+    n = 0
+    for i, entry in enumerate(entries):
+        if n == count:
+            return head, expand(entries[i:])
+        if isinstance(entry, Run):
+            if n + entry.length > count:
+                first, rest = cut(entry, count - n)  # count > n here
+                head.append(first)
+                return head, expand([rest, *entries[i + 1 :]])
+            n += entry.length
+        else:
+            n += 1
+        head.append(entry)
+    return head, []
+
+
+def expand(entries: Iterable[_T | Run]) -> list[_T | Message]:
+    """Every message of these entries, runs taken apart (other entries as they are)."""
+    out: list[_T | Message] = []
+    for entry in entries:
+        if isinstance(entry, Run):
+            out.extend(run_messages(entry, entry.length)[0])
+        else:
+            out.append(entry)
+    return out
 
 
 def requeued(msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> Message:
@@ -70,6 +218,16 @@ class GUIDFactory:
     def new_ids(self, count: int) -> list[bytes]:
         """``count`` new IDs as 16 lowercase hex bytes each."""
         ids: list[bytes] = []
+        for prefix, first, n in self.new_spans(count):
+            # Each ID is one concatenation (in C, through map).
+            ids.extend(map(prefix.__add__, _HEX3[first : first + n]))
+        return ids
+
+    def new_spans(self, count: int) -> list[tuple[bytes, int, int]]:
+        """``count`` new IDs as spans ``(prefix, first sequence, n)``: the IDs of a span are
+        ``prefix`` (13 hex digits) followed by the sequences first..first+n-1 (3 hex digits).
+        One span, unless the 4096 sequences of a tick run out."""
+        spans: list[tuple[bytes, int, int]] = []
         now = time.time_ns() >> 20
         while count > 0:
             if now > self._last_ts:
@@ -87,11 +245,11 @@ class GUIDFactory:
                 (self._last_ts - _TWEPOCH) << (_SEQUENCE_BITS + _NODE_ID_BITS)
             ) | self._node_bits
             # The sequence is the low 12 bits, the last 3 hex digits: the other 13 are the
-            # same for the whole run, so each ID is one concatenation (in C, through map).
-            ids.extend(map((b"%013x" % (base >> _SEQUENCE_BITS)).__add__, _HEX3[first : last + 1]))
+            # same for the whole span.
+            spans.append((b"%013x" % (base >> _SEQUENCE_BITS), first, last - first + 1))
             count -= last - first + 1
             self._sequence = last
-        return ids
+        return spans
 
     def new_id(self) -> bytes:
         return self.new_ids(1)[0]

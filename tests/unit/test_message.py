@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from collections import deque
 
 import pytest
 
@@ -16,8 +17,16 @@ from nsqpy.nsqd.message import (
     MSG_ID,
     MSG_TIMESTAMP,
     GUIDFactory,
+    Message,
+    Run,
+    cut,
+    drop_last,
+    expand,
     from_payload,
+    new_runs,
     requeued,
+    split,
+    take,
     to_payload,
 )
 from nsqpy.wire.v2 import decode_message, encode_message
@@ -201,3 +210,71 @@ def test_attempts_0xffff_wraps_to_zero_on_next_delivery() -> None:
     payload = to_payload(msg)
     assert payload[8:10] == b"\xff\xff"
     assert from_payload(payload)[MSG_ATTEMPTS] + 1 == 0
+
+
+# -- runs: the messages of one MPUB --------------------------------------------------------------
+
+
+def packed(bodies: list[bytes]) -> bytes:
+    return b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+
+
+BODIES = [b"a", b"bb", b"", b"dddd", b"e" * 300]
+
+
+def make_run(bodies: list[bytes] = BODIES) -> Run:
+    return new_runs(packed(bodies), len(bodies), 42, [(b"0" * 13, 5, len(bodies))])[0]
+
+
+def ids(msgs: list[Message]) -> list[bytes]:
+    return [m[0] for m in msgs]
+
+
+def test_run_messages_are_the_mpub_in_order_with_consecutive_ids() -> None:
+    msgs = expand([make_run()])
+    assert [m[3] for m in msgs] == BODIES
+    assert ids(msgs) == [b"0" * 13 + b"%03x" % i for i in range(5, 10)]
+    assert {(m[1], m[2]) for m in msgs} == {(42, 0)}
+
+
+def test_runs_split_where_the_ids_of_a_tick_run_out(frozen: FrozenTime) -> None:
+    factory = GUIDFactory(1)
+    factory.new_ids(4094)
+    bodies = [b"%d" % i for i in range(5)]
+    spans = factory.new_spans(5)
+    assert [n for _, _, n in spans] == [2, 3]
+    runs = new_runs(packed(bodies), 5, 7, spans)
+    msgs = expand(runs)
+    assert [m[3] for m in msgs] == bodies
+    assert all(a < b for a, b in itertools.pairwise(ids(msgs)))
+    assert [decode_id(i)[2] for i in ids(msgs)] == [4094, 4095, 0, 1, 2]
+
+
+def test_take_cuts_the_head_off_a_run_and_leaves_the_rest() -> None:
+    run = make_run()
+    single: Message = (b"f" * 16, 1, 3, b"single")
+    memory = deque([run, single])
+    first = take(memory, 2)
+    assert [m[3] for m in first] == BODIES[:2] and len(memory) == 2
+    assert memory[0] != run and memory[0].payload is run.payload  # shared, not copied
+    assert [m[3] for m in take(memory, 4)] == [*BODIES[2:], b"single"]
+    assert not memory and take(memory, 3) == []
+    assert ids(first) + ids(expand([cut(run, 2)[1]])) == ids(expand([run]))
+
+
+def test_cut_split_and_drop_last_count_messages_inside_runs() -> None:
+    run = make_run()
+    head, rest = cut(run, 3)
+    assert (head.length, rest.length) == (3, 2)
+    assert expand([head]) + expand([rest]) == expand([run])
+    single: Message = (b"f" * 16, 1, 0, b"z")
+    entries: list[Message | Run] = [single, run]
+    kept, spilled = split(entries, 3)
+    assert expand(kept) == expand(entries)[:3] and spilled == expand(entries)[3:]
+    assert split(entries, 0) == ([], expand(entries))
+    assert split(entries, 6) == (entries, [])
+    memory = deque(entries)
+    drop_last(memory, 4)
+    assert expand(memory) == expand(entries)[:2]
+    drop_last(memory, 2)
+    assert not memory
