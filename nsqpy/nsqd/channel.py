@@ -21,7 +21,17 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.e2e import E2EStream
-from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, requeued, to_payload
+from nsqpy.nsqd.message import (
+    MAX_ATTEMPTS,
+    Entry,
+    Message,
+    drop_last,
+    expand,
+    requeued,
+    split,
+    take,
+    to_payload,
+)
 from nsqpy.nsqd.policy import Counts, Effective, admit, returned, trim
 from nsqpy.nsqd.topology import preference_for
 from nsqpy.wire.names import is_ephemeral
@@ -62,6 +72,7 @@ class Channel:
         "_backend",
         "_deferred",
         "_deferred_seq",
+        "_depth",
         "_mem_size",
         "_memory",
         "_next",
@@ -91,7 +102,9 @@ class Channel:
         self._nsqd = nsqd
         self._backend = backend
         self._mem_size = nsqd.opts.mem_queue_size
-        self._memory: deque[Message] = deque()
+        # Messages and runs of messages (message.py); _depth counts the messages.
+        self._memory: deque[Entry] = deque()
+        self._depth = 0
         self._deferred: list[tuple[float, int, Message]] = []
         self._deferred_seq = itertools.count()
         self.clients: list[Consumer] = []
@@ -122,7 +135,7 @@ class Channel:
 
     @property
     def depth(self) -> int:
-        return len(self._memory) + self._backend.depth()
+        return self._depth + self._backend.depth()
 
     @property
     def backend_depth(self) -> int:
@@ -161,18 +174,19 @@ class Channel:
 
     # -- putting messages in ------------------------------------------------------------
 
-    def put_many(self, msgs: list[Message]) -> None:
-        """Queue messages (memory first, then the backend) and deliver what can be.
+    def put_many(self, entries: list[Entry], count: int | None = None) -> None:
+        """Queue messages (memory first, then the backend) and deliver what can be;
+        ``count`` is how many the entries hold (default: they are all single messages).
 
         All or nothing: on BackendError none of them was queued."""
-        self.enqueue(msgs)
+        self.enqueue(entries, len(entries) if count is None else count)
         if self.clients:
             self.dispatch()
 
-    def enqueue(self, msgs: list[Message]) -> None:
+    def enqueue(self, entries: list[Entry], count: int) -> None:
         """put_many without the delivery (a topic queues in every channel first)."""
-        self._enqueue(msgs)
-        self.message_count += len(msgs)
+        self._enqueue(entries, count)
+        self.message_count += count
         if self.policy is not None:
             trim(self, self.policy)
 
@@ -180,29 +194,39 @@ class Channel:
         """Take back the last ``count`` messages queued by enqueue, before any dispatch
         (a multi-channel MPUB that another channel refused); False if they are not all
         still in memory (they reached the backend)."""
-        if len(self._memory) < count:
+        if self._depth < count:
             return False
-        for _ in range(count):
-            self._memory.pop()
+        drop_last(self._memory, count)
+        self._depth -= count
         self.message_count -= count
         return True
 
-    def _enqueue(self, msgs: list[Message]) -> None:
-        memory = self._memory
-        room = self._mem_size - len(memory)
-        if room >= len(msgs):
-            memory.extend(msgs)
+    def _enqueue(self, entries: list[Entry], count: int) -> None:
+        room = self._mem_size - self._depth
+        if room >= count:
+            self._memory.extend(entries)
+            self._depth += count
             return
         if self.ephemeral and self._mem_size == 0 and self.clients:
             # NSQ's unbuffered hand-off: only what a ready consumer takes right now.
-            memory.extend(msgs)
+            self._memory.extend(entries)
+            self._depth += count
             self.dispatch()
-            memory.clear()
+            self._memory.clear()
+            self._depth = 0
             return
         # The backend first: if it refuses, nothing of this batch was queued (MPUB is atomic).
-        self._backend.put_many([to_payload(m) for m in msgs[max(room, 0) :]])
-        if room > 0:
-            memory.extend(msgs[:room])
+        head, rest = split(entries, max(room, 0))
+        self._backend.put_many([to_payload(m) for m in rest])
+        if head:
+            self._memory.extend(head)
+            self._depth += count - len(rest)
+
+    def take(self, count: int) -> list[Message]:
+        """Up to ``count`` messages off the head of the memory queue."""
+        msgs = take(self._memory, count)
+        self._depth -= len(msgs)
+        return msgs
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         self.message_count += 1
@@ -231,7 +255,7 @@ class Channel:
             return
         while True:
             ready = sum(1 for c in clients if c.ready_count > len(c.in_flight))
-            queued = len(self._memory) + self._backend.depth()
+            queued = self._depth + self._backend.depth()
             if not ready or not queued:
                 return
             share = -(-queued // ready) if ready > 1 else 0
@@ -241,7 +265,6 @@ class Channel:
     def _dispatch_pass(self, share: int, order: Sequence[Consumer] | None = None) -> int:
         """One round over the consumers (or over ``order``, first to last), each taking up
         to ``share`` (0: all it has room for)."""
-        memory = self._memory
         clients = self.clients if order is None else order
         n = len(clients)
         backend = self._backend
@@ -257,23 +280,22 @@ class Channel:
                 continue
             if share and room > share:
                 room = share
-            if len(memory) < room and backend.depth():
-                self._refill(room - len(memory))
-            if not memory:
+            if self._depth < room and backend.depth():
+                self._refill(room - self._depth)
+            if not self._depth:
                 self._next = (start + k) % n
                 break
-            take = room if room < len(memory) else len(memory)
             if not now:
                 now = time.monotonic()
             deadline = now + client.msg_timeout
             frames: list[bytes] = []
             append = frames.append
-            popleft = memory.popleft
             if client.sample_rate or self.policy is not None:
                 take = self._sampled(client, room, frames, now, deadline)
             else:
-                for _ in range(take):
-                    msg_id, timestamp, attempts, body = popleft()
+                msgs = self.take(room)
+                take = len(msgs)
+                for msg_id, timestamp, attempts, body in msgs:
                     attempts += 1
                     append(pack(len(body) + 30, 2, timestamp, attempts, msg_id))
                     append(body)
@@ -296,7 +318,6 @@ class Channel:
         # like Go's pump, keep reading while the client is still ready. A policy's messages
         # come this way too, each checked before it goes (expired, out of attempts).
         pack = MESSAGE_FRAME_HEADER.pack
-        memory = self._memory
         policy = self.policy
         # admit() decides; these two bounds let most messages pass without the call
         oldest = time.time_ns() - policy.ttl_ns if policy is not None and policy.ttl_ns else 0
@@ -304,12 +325,19 @@ class Channel:
         if attempts_left < 0:
             attempts_left = MAX_ATTEMPTS
         sent = 0
+        batch: list[Message] = []
+        i = 0
         while sent < room:
-            if not memory:
-                self._refill(room - sent)
-                if not memory:
+            if i == len(batch):
+                # at most what is still wanted: each one taken is sent or dropped
+                if not self._depth:
+                    self._refill(room - sent)
+                batch = self.take(room - sent)
+                i = 0
+                if not batch:
                     break
-            msg = memory.popleft()
+            msg = batch[i]
+            i += 1
             if (
                 policy is not None
                 and (msg[1] < oldest or not -1 < msg[2] <= attempts_left)
@@ -337,6 +365,7 @@ class Channel:
         memory = self._memory
         redefer = self.redefer
         unpack = MESSAGE_HEADER.unpack_from
+        depth = len(memory)
         for payload in payloads:
             # from_payload inlined: this runs once per message read back from disk
             try:
@@ -355,6 +384,7 @@ class Channel:
                     self._push_deferred(msg, (due - time.time_ns()) / 1e9)
                     continue
             memory.append(msg)
+        self._depth += len(memory) - depth
         if redefer is not None and not redefer:
             self.redefer = None
 
@@ -427,7 +457,7 @@ class Channel:
     def _put_back(self, msg: Message) -> None:
         """A requeued or timed-out message goes back on the queue (not counted again)."""
         try:
-            self._enqueue([msg])
+            self._enqueue([msg], 1)
         except BackendError as err:
             self._nsqd.logf_error(
                 f"CHANNEL({self.topic_name}:{self.name}): failed to requeue message - {err}"
@@ -480,11 +510,11 @@ class Channel:
         deferred = self._deferred
         if not deferred or deferred[0][0] > now:
             return False
-        due: list[Message] = []
+        due: list[Entry] = []
         while deferred and deferred[0][0] <= now:
             due.append(heapq.heappop(deferred)[2])
         try:
-            self._enqueue(due)
+            self._enqueue(due, len(due))
         except BackendError as err:
             self._nsqd.logf_error(
                 f"CHANNEL({self.topic_name}:{self.name}): failed to queue deferred - {err}"
@@ -506,6 +536,7 @@ class Channel:
     def empty(self) -> None:
         """Drop every queued, in-flight and deferred message (NSQ's Channel.Empty)."""
         self._memory.clear()
+        self._depth = 0
         self._deferred.clear()
         self._orphans.clear()
         for client in self.clients:
@@ -515,7 +546,7 @@ class Channel:
 
     def peek(self, count: int) -> list[Message]:
         """The next ``count`` messages of the memory queue, left in place (GET /channel/peek)."""
-        return list(itertools.islice(self._memory, max(0, count)))
+        return expand(itertools.islice(self._memory, max(0, count)))[: max(0, count)]
 
     def deferred_due(self) -> dict[bytes, int]:
         """Due times (unix ns) of the deferred messages, for the side file written at exit."""
@@ -543,8 +574,9 @@ class Channel:
             self._nsqd.logf_error(f"CHANNEL({self.topic_name}:{self.name}): error closing - {err}")
 
     def _flush_to_backend(self) -> None:
-        msgs: list[Message] = list(self._memory)
+        msgs: list[Message] = expand(self._memory)
         self._memory.clear()
+        self._depth = 0
         for client in self.clients:
             msgs.extend(requeued(e[0], e[1], e[2], e[3]) for e in client.in_flight.values())
             client.in_flight.clear()

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nsqpy.common.goflags import format_duration_ns, parse_duration_ns
 from nsqpy.nsqd.backend import BackendError
-from nsqpy.nsqd.message import MAX_ATTEMPTS, Message
+from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, Run, expand
 from nsqpy.nsqd.metadata import write_file_atomically
 from nsqpy.wire.names import is_ephemeral, is_valid_topic_name
 from nsqpy.wire.v2 import MESSAGE_HEADER
@@ -539,14 +539,9 @@ def _decode(payloads: list[bytes], label: str, nsqd: NSQD) -> list[Message]:
     return msgs
 
 
-def _take_oldest(
-    owner: Topic | Channel, memory: deque[Any], count: int, nsqd: NSQD
-) -> list[Message]:
+def _take_oldest(owner: Topic | Channel, count: int, nsqd: NSQD) -> list[Message]:
     """Remove up to ``count`` messages from the head (memory first, then the disk queue)."""
-    out: list[Message] = []
-    while memory and len(out) < count:
-        entry = memory.popleft()
-        out.append(entry[:4] if len(entry) == 5 else entry)
+    out: list[Message] = [_plain(entry) for entry in owner.take(count)]
     backend = owner._backend
     if len(out) < count and backend.depth():
         try:
@@ -562,30 +557,39 @@ def trim(owner: Channel | Topic, rules: Effective) -> None:
     limit = rules.max_depth
     if not limit or owner.exiting:
         return
-    excess = len(owner._memory) + owner._backend.depth() - limit
+    excess = owner.depth - limit
     if excess > 0:
-        oldest = _take_oldest(owner, owner._memory, excess, owner._nsqd)
+        oldest = _take_oldest(owner, excess, owner._nsqd)
         _send(owner, rules, oldest, "overflow_count")
 
 
-def _sweep_queue(
-    owner: Topic | Channel, rules: Effective, memory: deque[Any], now_ns: int
-) -> list[Message]:
+def _plain(entry: tuple[bytes, int, int, bytes] | tuple[bytes, int, int, bytes, float]) -> Message:
+    return entry if len(entry) == 4 else entry[:4]  # a topic's deferred one: no delay
+
+
+def _timestamp(entry: tuple[Any, ...]) -> int:
+    ts: int = entry.timestamp if isinstance(entry, Run) else entry[1]
+    return ts
+
+
+def _sweep_queue(owner: Topic | Channel, rules: Effective, now_ns: int) -> list[Message]:
     """Expired messages out of a memory queue and, when it is empty, off the disk queue's head."""
     ttl = rules.ttl_ns
     oldest = now_ns - ttl
+    memory: deque[Any] = owner._memory
     expired: list[Message] = []
     # Publish order is timestamp order: expired messages are at the head, except requeued
     # ones at the back, found by a full pass on queues small enough to scan every second
-    # (on bigger ones the delivery check still stops them).
-    while memory and memory[0][1] < oldest:
-        entry = memory.popleft()
-        expired.append(entry[:4] if len(entry) == 5 else entry)
-    if memory and len(memory) <= _FULL_SCAN_MAX and any(e[1] < oldest for e in memory):
-        keep = [e for e in memory if e[1] >= oldest]
-        expired.extend((e[:4] if len(e) == 5 else e) for e in memory if e[1] < oldest)
+    # (on bigger ones the delivery check still stops them). A run's messages share one
+    # timestamp: it expires whole.
+    while memory and _timestamp(memory[0]) < oldest:
+        expired.extend(_plain(m) for m in expand([memory.popleft()]))
+    if memory and len(memory) <= _FULL_SCAN_MAX and any(_timestamp(e) < oldest for e in memory):
+        keep = [e for e in memory if _timestamp(e) >= oldest]
+        expired.extend(_plain(m) for m in expand(e for e in memory if _timestamp(e) < oldest))
         memory.clear()
         memory.extend(keep)
+    owner._depth -= len(expired)
     if memory:
         return expired
     backend = owner._backend
@@ -603,12 +607,13 @@ def _sweep_queue(
         if live:
             # not expired yet: they wait in memory, at the head where they were
             memory.extend(live)
+            owner._depth += len(live)
             break
     return expired
 
 
 def sweep_channel(channel: Channel, rules: Effective, now_ns: int) -> None:
-    expired = _sweep_queue(channel, rules, channel._memory, now_ns)
+    expired = _sweep_queue(channel, rules, now_ns)
     deferred = channel._deferred
     oldest = now_ns - rules.ttl_ns
     if deferred and any(d[2][1] < oldest for d in deferred):
@@ -622,7 +627,7 @@ def sweep_channel(channel: Channel, rules: Effective, now_ns: int) -> None:
 
 
 def sweep_topic(topic: Topic, rules: Effective, now_ns: int) -> None:
-    expired = _sweep_queue(topic, rules, topic._memory, now_ns)
+    expired = _sweep_queue(topic, rules, now_ns)
     if expired:
         _send(topic, rules, expired, "expired_count")
         topic._update_flowing()

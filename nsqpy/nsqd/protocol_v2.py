@@ -52,6 +52,7 @@ from nsqpy.wire.v2 import (
     Body,
     CommandParser,
     ConnectionFailure,
+    MPubBody,
     ProtocolError,
     encode_error,
     encode_response,
@@ -924,7 +925,7 @@ class ClientV2(asyncio.Protocol):
         self._publish("PUB", "E_PUB_FAILED", params[1], [body])
 
     def _mpub(self, params: list[bytes], body: Body) -> None:
-        assert isinstance(body, list)
+        assert isinstance(body, MPubBody)
         if self._authd is not None:
             # Go checks before reading the body; the parser has read it already.
             self._check_auth("MPUB", wire_str(params[1]), "")
@@ -949,15 +950,17 @@ class ClientV2(asyncio.Protocol):
         self._published = self._published or ("E_DPUB_FAILED", "DPUB")
         self._respond(FRAME_OK)
 
-    def _publish(self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes]) -> None:
+    def _publish(
+        self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes] | MPubBody
+    ) -> None:
         topic_name = wire_str(topic_bytes)
         try:
             if self.nsqd.exiting:
                 raise BackendError("exiting")
-            self.nsqd.get_topic(topic_name).put_messages(bodies)
+            count = self.nsqd.get_topic(topic_name).put_messages(bodies)
         except BackendError as err:
             raise ProtocolError(code, f"{cmd} failed {err}") from None
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + count
         self._published = self._published or (code, cmd)
         self._respond(FRAME_OK)
 

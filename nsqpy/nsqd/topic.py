@@ -13,24 +13,38 @@ from __future__ import annotations
 import time
 from collections import deque
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.channel import Channel
-from nsqpy.nsqd.message import Message, from_payload, to_payload
+from nsqpy.nsqd.message import (
+    Entry,
+    Message,
+    Run,
+    cut,
+    expand,
+    from_payload,
+    new_runs,
+    split,
+    take,
+    to_payload,
+)
 from nsqpy.nsqd.policy import Counts, Effective, trim
 from nsqpy.wire.names import is_ephemeral
+from nsqpy.wire.v2 import MPubBody
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.nsqd import NSQD
 
-# A backlog entry is a Message, or a deferred one carrying its delay as a fifth field.
-BacklogEntry = tuple[bytes, int, int, bytes] | tuple[bytes, int, int, bytes, float]
+# A backlog entry is a Message, a deferred one carrying its delay as a fifth field, or a Run.
+BacklogMessage = tuple[bytes, int, int, bytes] | tuple[bytes, int, int, bytes, float]
+BacklogEntry = BacklogMessage | Run
 
 
 class Topic:
     __slots__ = (
         "_backend",
+        "_depth",
         "_flowing",
         "_held",
         "_ids",
@@ -54,6 +68,7 @@ class Topic:
         self._nsqd = nsqd
         self._backend = backend
         self._memory: deque[BacklogEntry] = deque()
+        self._depth = 0  # messages in _memory
         self._ids = nsqd.ids
         self.channels: dict[str, Channel] = {}
         self.paused = False
@@ -76,7 +91,7 @@ class Topic:
 
     @property
     def depth(self) -> int:
-        return len(self._memory) + self._backend.depth()
+        return self._depth + self._backend.depth()
 
     @property
     def backend_depth(self) -> int:
@@ -84,20 +99,29 @@ class Topic:
 
     # -- publishing -------------------------------------------------------------------------
 
-    def put_messages(self, bodies: list[bytes]) -> None:
-        """PUB and MPUB: all the messages are queued, or none (raises BackendError)."""
+    def put_messages(self, bodies: list[bytes] | MPubBody) -> int:
+        """PUB and MPUB: all the messages are queued, or none (raises BackendError).
+        Returns how many. An MPUB's messages are queued as runs (message.py)."""
         if self.exiting:
             raise BackendError("exiting")
-        ids = self._ids.new_ids(len(bodies))
-        msgs: list[Message] = list(
-            zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False)
-        )
-        if self._flowing:
-            self._put_channels(msgs)
+        entries: list[Entry]
+        if isinstance(bodies, MPubBody):
+            count = bodies.n_messages
+            payload = bodies.payload
+            entries = list(new_runs(payload, count, time.time_ns(), self._ids.new_spans(count)))
+            size = len(payload) - 4 * count
         else:
-            self._put_backlog(msgs)
-        self.message_count += len(msgs)
-        self.message_bytes += sum(map(len, bodies))
+            count = len(bodies)
+            ids = self._ids.new_ids(count)
+            entries = list(zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False))
+            size = sum(map(len, bodies))
+        if self._flowing:
+            self._put_channels(entries, count)
+        else:
+            self._put_backlog(entries, count)
+        self.message_count += count
+        self.message_bytes += size
+        return count
 
     def put_copies(self, copies: list[tuple[int, bytes]]) -> None:
         """Publish ``(timestamp_ns, body)`` messages keeping their timestamps (dead letters,
@@ -105,26 +129,26 @@ class Topic:
         if self.exiting:
             raise BackendError("exiting")
         ids = self._ids.new_ids(len(copies))
-        msgs: list[Message] = [(i, ts, 0, body) for i, (ts, body) in zip(ids, copies, strict=True)]
+        msgs: list[Entry] = [(i, ts, 0, body) for i, (ts, body) in zip(ids, copies, strict=True)]
         if self._flowing:
-            self._put_channels(msgs)
+            self._put_channels(msgs, len(msgs))
         else:
-            self._put_backlog(msgs)
+            self._put_backlog(msgs, len(msgs))
         self.message_count += len(msgs)
         self.message_bytes += sum(len(body) for _, body in copies)
 
-    def _put_channels(self, msgs: list[Message]) -> None:
+    def _put_channels(self, entries: list[Entry], count: int) -> None:
         """Copy to every channel, all or nothing: if one refuses (a disk error), the
         channels before it give the batch back, so the publisher's retry duplicates nothing."""
         done: list[Channel] = []
         for channel in self._flowing:
             try:
-                channel.enqueue(msgs)
+                channel.enqueue(entries, count)
             except BackendError:
                 for earlier in done:
-                    if not earlier.unqueue(len(msgs)):
+                    if not earlier.unqueue(count):
                         self._nsqd.logf_error(
-                            f"TOPIC({self.name}): channel({earlier.name}) keeps {len(msgs)} message(s)"
+                            f"TOPIC({self.name}): channel({earlier.name}) keeps {count} message(s)"
                             f" that channel({channel.name}) refused"
                         )
                 raise
@@ -141,8 +165,9 @@ class Topic:
         if self._flowing:
             for channel in self._flowing:
                 channel.put_deferred(msg, delay)
-        elif len(self._memory) < self._nsqd.opts.mem_queue_size:
+        elif self._depth < self._nsqd.opts.mem_queue_size:
             self._memory.append((*msg, delay))
+            self._depth += 1
         else:
             # Go writes it to the backend, where the deferral is lost (spec §11).
             self._backend.put(to_payload(msg))
@@ -151,13 +176,14 @@ class Topic:
         self.message_count += 1
         self.message_bytes += len(body)
 
-    def _put_backlog(self, msgs: list[Message]) -> None:
-        memory = self._memory
-        room = self._nsqd.opts.mem_queue_size - len(memory)
-        if room < len(msgs):
-            self._backend.put_many([to_payload(m) for m in msgs[max(room, 0) :]])
-            msgs = msgs[:room] if room > 0 else []
-        memory.extend(msgs)
+    def _put_backlog(self, entries: list[Entry], count: int) -> None:
+        room = self._nsqd.opts.mem_queue_size - self._depth
+        if room < count:
+            entries, rest = split(entries, max(room, 0))
+            self._backend.put_many([to_payload(m) for m in rest])
+            count -= len(rest)
+        self._memory.extend(entries)
+        self._depth += count
         if self.policy is not None:
             trim(self, self.policy)
         if self.channels and not self.paused and not self._held:
@@ -174,9 +200,7 @@ class Topic:
         while moved < budget:
             batch: list[BacklogEntry]
             if self._memory:
-                count = min(budget - moved, len(self._memory))
-                popleft = self._memory.popleft
-                batch = [popleft() for _ in range(count)]
+                batch = self._take_entries(budget - moved)
             elif self._backend.depth():
                 try:
                     batch = [
@@ -192,17 +216,23 @@ class Topic:
                     break
             else:
                 break
-            moved += len(batch)
-            plain: list[Message] = []
+            plain: list[Entry] = []
+            count = 0
             for entry in batch:
-                if len(entry) == 5:
+                if isinstance(entry, Run):
+                    plain.append(entry)  # shared by the channels, as a publish's runs are
+                    count += entry.length
+                elif len(entry) == 5:
                     for channel in live:
                         channel.put_deferred(entry[:4], entry[4])
+                    moved += 1
                 else:
                     plain.append(entry)
+                    count += 1
+            moved += count
             for channel in live:
                 try:
-                    channel.put_many(plain)
+                    channel.put_many(plain, count)
                 except BackendError as err:
                     self._nsqd.logf_error(
                         f"TOPIC({self.name}): failed to put msg(s) to channel({channel.name}) - {err}"
@@ -211,6 +241,31 @@ class Topic:
             return True
         self._update_flowing()
         return False
+
+    def _take_entries(self, count: int) -> list[BacklogEntry]:
+        """Entries of up to ``count`` messages off the backlog's head (runs stay runs)."""
+        memory = self._memory
+        out: list[BacklogEntry] = []
+        while memory and count > 0:
+            entry = memory[0]
+            if isinstance(entry, Run) and entry.length > count:
+                head, memory[0] = cut(entry, count)  # only the head of this run fits
+                out.append(head)
+                self._depth -= count
+                break
+            memory.popleft()
+            out.append(entry)
+            n = entry.length if isinstance(entry, Run) else 1
+            self._depth -= n
+            count -= n
+        return out
+
+    def take(self, count: int) -> list[BacklogMessage]:
+        """Up to ``count`` messages off the backlog's memory head (policy.py)."""
+        memory: deque[Any] = self._memory  # (mypy cannot infer take's type from the union)
+        out: list[BacklogMessage] = take(memory, count)
+        self._depth -= len(out)
+        return out
 
     def _redeferred(self, msg: Message) -> BacklogEntry:
         if self.redefer is None:
@@ -228,7 +283,7 @@ class Topic:
         now = time.time_ns()
         due = dict(self.redefer or {})
         for entry in self._memory:
-            if len(entry) == 5:
+            if not isinstance(entry, Run) and len(entry) == 5:
                 due[entry[0]] = now + int(entry[4] * 1e9)
         return due
 
@@ -289,6 +344,7 @@ class Topic:
 
     def empty(self) -> None:
         self._memory.clear()
+        self._depth = 0
         self._backend.empty()
         self._update_flowing()
 
@@ -304,6 +360,7 @@ class Topic:
                 self._nsqd.notify_channel_deleted(channel)
             self.channels.clear()
             self._memory.clear()
+            self._depth = 0
             try:
                 self._backend.empty()
                 self._backend.delete()
@@ -314,9 +371,12 @@ class Topic:
             channel.close(deleted=False)
         if self._memory:
             payloads: list[bytes] = []
-            for entry in self._memory:
-                payloads.append(to_payload(entry[:4]))
+            memory: deque[Any] = self._memory
+            entry: BacklogMessage
+            for entry in expand(memory):
+                payloads.append(to_payload(entry if len(entry) == 4 else entry[:4]))
             self._memory.clear()
+            self._depth = 0
             try:
                 self._backend.put_many(payloads)
             except BackendError as err:

@@ -8,7 +8,8 @@ into frames, and the ``encode_*`` functions build every command.
 A command is ``(params, body)``: ``params`` is the command line split on single
 spaces exactly like Go's ``bytes.Split`` (``params[0]`` is the command name) and
 ``body`` is ``None``, the body ``bytes`` (IDENTIFY, AUTH, PUB, DPUB) or, for MPUB,
-the list of message bodies. Plain tuples keep the per-command cost low: a consumer
+an :class:`MPubBody`: the message bodies as they came, each behind its size, not split
+(nsqd queues them so, message.py). Plain tuples keep the per-command cost low: a consumer
 sends one FIN per message.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from nsqpy.wire.names import go_quote, is_valid_topic_name
 
@@ -40,7 +41,25 @@ MSG_ID_LENGTH: Final = 16
 # and nsqd closes the connection (no error frame).
 MAX_LINE_LENGTH: Final = 16 * 1024
 
-Body: TypeAlias = bytes | list[bytes] | None
+
+class MPubBody(NamedTuple):
+    """An MPUB's messages: ``payload`` is ``(<int32 size><body>)*`` as received."""
+
+    payload: bytes
+    n_messages: int
+
+    def bodies(self) -> list[bytes]:
+        out: list[bytes] = []
+        payload = self.payload
+        pos = 0
+        for _ in range(self.n_messages):
+            end = pos + 4 + _INT32.unpack_from(payload, pos)[0]
+            out.append(payload[pos + 4 : end])
+            pos = end
+        return out
+
+
+Body: TypeAlias = bytes | MPubBody | None
 Command: TypeAlias = tuple[list[bytes], Body]
 
 _INT32 = struct.Struct(">i")
@@ -126,8 +145,9 @@ class CommandParser:
         self._pending_len = 0
         # The error Go sends if the connection ends (EOF, read timeout) while waiting here.
         self._short: tuple[str, str] | None = None
-        # An MPUB being read message by message: (params, bodies so far, count).
-        self._mpub: tuple[list[bytes], list[bytes], int] | None = None
+        # An MPUB being read message by message: (params, bytes of the messages read so far
+        # (a piece per buffer they came in), messages read, count).
+        self._mpub: tuple[list[bytes], list[bytes], int, int] | None = None
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
@@ -319,22 +339,20 @@ class CommandParser:
         # Go's readMPUB (the declared size is only range-checked): each size is checked as
         # soon as it arrives, and bytes of complete messages are dropped from the buffer.
         self._pos = start + 8
-        self._mpub = (params, [], count)
+        self._mpub = (params, [], 0, count)
         return self._mpub_messages()
 
     def _mpub_messages(self) -> Command | None:
         assert self._mpub is not None
-        params, bodies, count = self._mpub
+        params, pieces, i, count = self._mpub
         buf = self._buf
         max_msg_size = self.max_msg_size
         unpack = _INT32.unpack_from
-        append = bodies.append
         n = len(buf)
-        i = len(bodies)
-        p = self._pos
+        p = start = self._pos
         while i < count:
             if n < p + 4:
-                self._pos = p
+                self._mpub_wait(pieces, start, p, i)
                 self._wait(p + 4, "E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
                 return None
             (size,) = unpack(buf, p)
@@ -344,15 +362,25 @@ class CommandParser:
                 raise _fatal("E_BAD_MESSAGE", f"MPUB message too big {size} > {max_msg_size}")
             end = p + 4 + size
             if n < end:
-                self._pos = p
+                self._mpub_wait(pieces, start, p, i)
                 self._wait(end, "E_BAD_MESSAGE", "MPUB failed to read message body")
                 return None
-            append(buf[p + 4 : end])
             p = end
             i += 1
         self._mpub = None
         self._pos = p
-        return (params, bodies)
+        if pieces:
+            pieces.append(buf[start:p])
+            return (params, MPubBody(b"".join(pieces), count))
+        return (params, MPubBody(buf[start:p], count))
+
+    def _mpub_wait(self, pieces: list[bytes], start: int, p: int, i: int) -> None:
+        # the complete messages of this buffer are kept; the buffer drops them
+        if p > start:
+            pieces.append(self._buf[start:p])
+        assert self._mpub is not None
+        self._mpub = (self._mpub[0], pieces, i, self._mpub[3])
+        self._pos = p
 
     def _check_mpub_size(self, body_size: int) -> None:
         if body_size <= 0:

@@ -17,6 +17,7 @@ from nsqpy.wire.v2 import (
     CommandParser,
     ConnectionFailure,
     FrameParser,
+    MPubBody,
     ProtocolError,
     encode_error,
     encode_message_frame,
@@ -114,7 +115,8 @@ def commands(draw: st.DrawFn) -> tuple[bytes, Command]:
         t = draw(NAMES).encode()
         bodies = draw(st.lists(BODIES, min_size=1, max_size=5))
         payload = i32(len(bodies)) + b"".join(i32(len(b)) + b for b in bodies)
-        return b"MPUB " + t + eol + i32(len(payload)) + payload, ([b"MPUB", t], bodies)
+        expected = MPubBody(payload[4:], len(bodies))  # the bodies as sent, not split
+        return b"MPUB " + t + eol + i32(len(payload)) + payload, ([b"MPUB", t], expected)
     if kind == 8:
         body = draw(st.binary(min_size=1, max_size=200))
         return b"IDENTIFY" + eol + i32(len(body)) + body, ([b"IDENTIFY"], body)

@@ -24,7 +24,7 @@ from nsqpy.nsqd.message import Message, requeued
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
 from nsqpy.nsqd.topic import Topic
-from nsqpy.wire.v2 import FRAME_TYPE_MESSAGE, FrameParser, decode_message
+from nsqpy.wire.v2 import FRAME_TYPE_MESSAGE, FrameParser, MPubBody, decode_message
 
 # -- fixtures and helpers ---------------------------------------------------------------------------
 
@@ -132,6 +132,16 @@ def make_nsqd(
     return nsqd, wakeups
 
 
+def nsqd_with_list_backends(**opts: Any) -> tuple[NSQD, dict[str, ListBackend]]:
+    """An engine whose durable topics and channels spill to ListBackends, by name."""
+    backends: dict[str, ListBackend] = {}
+
+    def factory(name: str) -> ListBackend:
+        return backends.setdefault(name, ListBackend())
+
+    return make_nsqd(backend_factory=factory, **opts)[0], backends
+
+
 def subscribe(
     nsqd: NSQD, topic: str, channel: str, ready: int = 0, **kw: Any
 ) -> tuple[Channel, FakeConsumer]:
@@ -159,7 +169,15 @@ def req(ch: Channel, consumer: FakeConsumer, msg_id: bytes, delay: float) -> Non
 
 
 def pub(topic: Topic, *bodies: bytes) -> None:
-    topic.put_messages(list(bodies))
+    """PUB one body, MPUB several (queued as a run, as a TCP MPUB is)."""
+    if len(bodies) == 1:
+        topic.put_messages(list(bodies))
+    else:
+        topic.put_messages(packed(bodies))
+
+
+def packed(bodies: Sequence[bytes]) -> MPubBody:
+    return MPubBody(b"".join(len(b).to_bytes(4, "big") + b for b in bodies), len(bodies))
 
 
 def scan_at(nsqd: NSQD, clock: FakeClock, when: float) -> int:
@@ -1130,12 +1148,7 @@ def test_mem_queue_size_0_durable_channel_uses_the_backend(clock: FakeClock) -> 
 
 
 def test_close_writes_queued_in_flight_and_deferred_to_the_backend(clock: FakeClock) -> None:
-    backends: dict[str, ListBackend] = {}
-
-    def factory(name: str) -> ListBackend:
-        return backends.setdefault(name, ListBackend())
-
-    nsqd, _ = make_nsqd(backend_factory=factory)
+    nsqd, backends = nsqd_with_list_backends()
     ch, consumer = subscribe(nsqd, "t", "c", ready=2)
     topic = nsqd.get_topic("t")
     pub(topic, b"1", b"2", b"3")
@@ -1150,3 +1163,148 @@ def test_close_writes_queued_in_flight_and_deferred_to_the_backend(clock: FakeCl
     assert all(b.closed for b in backends.values())
     with pytest.raises(BackendError):
         pub(topic, b"late")
+
+
+# -- MPUB runs (message.py): a channel's position in a shared run ----------------------------------
+
+
+def _ids_consecutive(msgs: Sequence[Message]) -> bool:
+    ids = [int(m[0], 16) for m in msgs]
+    return ids == list(range(ids[0], ids[0] + len(ids)))
+
+
+def test_run_head_taken_across_dispatches_and_shared_by_channels(clock: FakeClock) -> None:
+    nsqd, _ = make_nsqd()
+    c1, a = subscribe(nsqd, "t", "c1", ready=2)
+    c2, b = subscribe(nsqd, "t", "c2", ready=3)
+    topic = nsqd.get_topic("t")
+    pub(topic, *[b"%d" % i for i in range(7)])
+    assert (c1.depth, c2.depth) == (5, 4)
+    fin(c1, a, a.received[0][0])  # one more goes: the run left behind starts at 2
+    assert a.bodies == [b"0", b"1", b"2"] and c1.depth == 4
+    rdy(c1, a, 100)
+    rdy(c2, b, 100)
+    assert a.bodies == b.bodies == [b"%d" % i for i in range(7)]
+    assert [m[0] for m in a.received] == [m[0] for m in b.received]
+    assert _ids_consecutive(a.received) and all(m[2] == 1 for m in a.received)
+    assert c1.depth == c2.depth == 0 and not c1._memory and not c2._memory
+    assert topic.message_bytes == 7 and c1.message_count == 7
+
+
+def test_run_with_single_messages_and_requeues_keeps_order(clock: FakeClock) -> None:
+    nsqd, _ = make_nsqd()
+    ch, consumer = subscribe(nsqd, "t", "c", ready=1)
+    topic = nsqd.get_topic("t")
+    pub(topic, b"a", b"b", b"c")
+    pub(topic, b"d")
+    pub(topic, b"e", b"f")
+    req(ch, consumer, consumer.last_id, 0)  # a goes behind f
+    rdy(ch, consumer, 100)
+    assert consumer.bodies == [b"a", b"b", b"c", b"d", b"e", b"f", b"a"]
+    assert [m[2] for m in consumer.received] == [1, 1, 1, 1, 1, 1, 2]
+    assert ch.depth == 0
+
+
+def test_run_peek_depth_and_unqueue_count_messages_not_entries(clock: FakeClock) -> None:
+    nsqd, _ = make_nsqd()
+    topic = nsqd.get_topic("t")
+    ch = topic.get_channel("c")
+    pub(topic, b"a", b"b", b"c")
+    pub(topic, b"d")
+    assert ch.depth == 4 and topic.depth == 0
+    assert [m[3] for m in ch.peek(2)] == [b"a", b"b"]
+    assert [m[3] for m in ch.peek(10)] == [b"a", b"b", b"c", b"d"]
+    assert ch.peek(0) == []
+    assert not ch.unqueue(5)
+    assert ch.unqueue(2)  # d and c: the run is cut
+    assert ch.depth == 2 and ch.message_count == 2
+    assert [m[3] for m in ch.peek(10)] == [b"a", b"b"]
+    ch.empty()
+    assert ch.depth == 0 and ch.peek(5) == []
+
+
+def test_run_spilled_to_the_backend_mid_run(clock: FakeClock) -> None:
+    nsqd, backends = nsqd_with_list_backends(mem_queue_size=4)
+    topic = nsqd.get_topic("t")
+    ch = topic.get_channel("c")
+    pub(topic, b"0")
+    pub(topic, *[b"%d" % i for i in range(1, 7)])  # 3 fit in memory, 3 go to the backend
+    assert ch.depth == 7 and ch.backend_depth == 3
+    assert [decode_message(r)[3] for r in backends["t:c"].records] == [b"4", b"5", b"6"]
+    consumer = FakeConsumer()
+    ch.add_client(consumer)
+    rdy(ch, consumer, 100)
+    assert consumer.bodies == [b"%d" % i for i in range(7)]
+    assert _ids_consecutive(consumer.received[1:])
+    assert all(m[2] == 1 for m in consumer.received)
+
+
+def test_run_spilled_in_the_topic_backlog_then_pumped_whole(clock: FakeClock) -> None:
+    nsqd, _ = make_nsqd(backend_factory=lambda name: ListBackend(), mem_queue_size=5)
+    topic = nsqd.get_topic("t")
+    pub(topic, *[b"%d" % i for i in range(8)])
+    assert topic.depth == 8 and topic.backend_depth == 3
+    ch = topic.get_channel("c")
+    while nsqd.run_pending():
+        pass
+    assert topic.depth == 0 and ch.depth == 8
+    consumer = FakeConsumer()
+    ch.add_client(consumer)
+    rdy(ch, consumer, 100)
+    assert consumer.bodies == [b"%d" % i for i in range(8)]
+
+
+def test_backlog_pump_cuts_a_run_at_its_budget(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nsqd_mod, "PUMP_BUDGET", 3)
+    nsqd, _ = make_nsqd()
+    topic = nsqd.get_topic("t")
+    pub(topic, *[b"%d" % i for i in range(7)])
+    ch = topic.get_channel("c")
+    assert nsqd.run_pending()  # 3 moved, 4 left
+    assert (topic.depth, ch.depth) == (4, 3)
+    while nsqd.run_pending():
+        pass
+    consumer = FakeConsumer()
+    ch.add_client(consumer)
+    rdy(ch, consumer, 100)
+    assert consumer.bodies == [b"%d" % i for i in range(7)]
+    assert _ids_consecutive(consumer.received)
+
+
+def test_mpub_refused_by_a_channel_is_taken_back_from_the_others_run(clock: FakeClock) -> None:
+    nsqd, _ = make_nsqd(backend_factory=lambda name: RefusingBackend(), mem_queue_size=4)
+    topic = nsqd.get_topic("t")
+    c2 = topic.get_channel("c2")
+    pub(topic, b"z")
+    c1 = topic.get_channel("c1")
+    pub(topic, b"x", b"y")
+    with pytest.raises(BackendError):
+        pub(topic, b"a", b"b")  # c1 took the run, c2 (1 place left) refused it
+    assert (c1.depth, c2.depth) == (2, 3) and c1.message_count == 2
+    assert [m[3] for m in c1.peek(5)] == [b"x", b"y"]
+
+
+def test_exit_flush_writes_a_partly_delivered_run_in_order(clock: FakeClock) -> None:
+    nsqd, backends = nsqd_with_list_backends()
+    ch, consumer = subscribe(nsqd, "t", "c", ready=2)
+    topic = nsqd.get_topic("t")
+    pub(topic, b"0", b"1", b"2", b"3", b"4")
+    ch.requeue(consumer, consumer.received[1][0], 30.0)  # 1 is deferred
+    pub(topic, b"5")
+    nsqd.get_topic("backlog").put_messages(packed([b"p", b"q"]))
+    nsqd.close()
+    records = [decode_message(r) for r in backends["t:c"].records]
+    # memory first (3, 4: the rest of the run, then 5), in flight (0, 2), deferred (1)
+    assert [r[3] for r in records] == [b"3", b"4", b"5", b"0", b"2", b"1"]
+    assert [r[2] for r in records] == [0, 0, 0, 1, 1, 1]
+    assert _ids_consecutive(records[:2])
+    assert [decode_message(r)[3] for r in backends["backlog"].records] == [b"p", b"q"]
+
+
+def test_mem_queue_size_0_ephemeral_hands_off_part_of_a_run(clock: FakeClock) -> None:
+    nsqd, _ = make_nsqd(mem_queue_size=0)
+    ch, consumer = subscribe(nsqd, "t", "c#ephemeral", ready=2)
+    pub(nsqd.get_topic("t"), b"a", b"b", b"c")
+    assert consumer.bodies == [b"a", b"b"] and ch.depth == 0

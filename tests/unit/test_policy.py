@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+import nsqpy.nsqd.topic as topic_mod
 from nsqpy.nsqd.message import to_payload
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.policy import Policy, PolicyBook, PolicyError, stats_fields, stats_text
 from nsqpy.nsqd.stats import get_stats
 from nsqpy.nsqd.statsd import statsd_lines
+from nsqpy.wire.v2 import MPubBody
 from tests.unit.test_engine import ListBackend, make_nsqd, req, subscribe
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -196,9 +198,14 @@ def test_topic_backlog_overflow_and_used_up_attempts_at_delivery() -> None:
     # a message read back from disk after an exit with its attempts used up
     _set(nsqd, "u", "c", max_attempts=3, dead_letter_topic="dl")
     ch, consumer = subscribe(nsqd, "u", "c")
-    ch._memory.append((b"%016d" % 1, time.time_ns(), 3, b"used"))
-    ch._memory.append((b"%016d" % 2, time.time_ns(), 2, b"one left"))
-    ch._memory.append((b"%016d" % 3, time.time_ns(), -1, b"wrapped"))
+    ch.enqueue(
+        [
+            (b"%016d" % 1, time.time_ns(), 3, b"used"),
+            (b"%016d" % 2, time.time_ns(), 2, b"one left"),
+            (b"%016d" % 3, time.time_ns(), -1, b"wrapped"),
+        ],
+        3,
+    )
     consumer.ready_count = 5
     ch.dispatch()
     assert consumer.bodies == [b"one left"]
@@ -232,3 +239,51 @@ def test_flags_from_a_config_file(tmp_path: Path) -> None:
     # the dead-letter topic knows where its messages come from before any arrives
     dead = nsqd.get_topic("t_dead")
     assert stats_fields(dead, channel=False)["dead_letter_sources"] == ["t", "t:c"]
+
+
+# -- MPUB runs (message.py): policies count and cut messages inside a run ------------------------
+
+
+def _mpub(bodies: list[bytes]) -> MPubBody:
+    return MPubBody(b"".join(len(b).to_bytes(4, "big") + b for b in bodies), len(bodies))
+
+
+def test_max_depth_drops_the_head_of_a_run() -> None:
+    nsqd, _ = make_nsqd()
+    _set(nsqd, "t", "c", max_depth=3, dead_letter_topic="dl")
+    ch = nsqd.get_topic("t").get_channel("c")
+    nsqd.get_topic("t").put_messages(_mpub([b"%d" % i for i in range(5)]))
+    assert ch.depth == 3 and ch.policy_counts is not None and ch.policy_counts.overflow_count == 2
+    assert [m[3] for m in ch.peek(10)] == [b"2", b"3", b"4"]
+    assert nsqd.topics["dl"].message_count == 2
+    _, consumer = subscribe(nsqd, "t", "c", ready=10)
+    assert consumer.bodies == [b"2", b"3", b"4"]
+
+
+def test_ttl_sweep_expires_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Past:
+        @staticmethod
+        def time_ns() -> int:
+            return time.time_ns() - 5 * 10**9
+
+    nsqd, _ = make_nsqd()
+    _set(nsqd, "t", None, message_ttl=10**9)
+    _set(nsqd, "t", "c", message_ttl=10**9)
+    topic = nsqd.get_topic("t")
+    ch = topic.get_channel("c")
+    monkeypatch.setattr(topic_mod, "time", Past)
+    topic.put_messages(_mpub([b"old1", b"old2", b"old3"]))
+    topic.put_messages([b"old4"])
+    monkeypatch.undo()
+    topic.put_messages(_mpub([b"new1", b"new2"]))
+    backlog = nsqd.get_topic("u")  # no channel: the runs wait in the topic
+    _set(nsqd, "u", None, message_ttl=10**9)
+    monkeypatch.setattr(topic_mod, "time", Past)
+    backlog.put_messages(_mpub([b"old1", b"old2"]))
+    monkeypatch.undo()
+    backlog.put_messages(_mpub([b"new1"]))
+    nsqd.queue_scan(time.monotonic())
+    assert ch.depth == 2 and [m[3] for m in ch.peek(5)] == [b"new1", b"new2"]
+    assert ch.policy_counts is not None and ch.policy_counts.expired_count == 4
+    assert backlog.depth == 1 and backlog.policy_counts is not None
+    assert backlog.policy_counts.expired_count == 2

@@ -26,6 +26,7 @@ from nsqpy.wire.v2 import (
     CommandParser,
     ConnectionFailure,
     FrameParser,
+    MPubBody,
     ProtocolError,
     decode_message,
     encode_auth,
@@ -80,10 +81,17 @@ def chunked(data: bytes, sizes: Iterable[int]) -> Iterator[bytes]:
         yield data[pos:]
 
 
-def drain(p: CommandParser) -> list[Command]:
-    out: list[Command] = []
+def drain(p: CommandParser) -> list[tuple[list[bytes], bytes | list[bytes] | None]]:
+    """The commands, an MPUB's body as its list of bodies (checked to be whole)."""
+    out: list[tuple[list[bytes], bytes | list[bytes] | None]] = []
     while (cmd := p.next_command()) is not None:
-        out.append(cmd)
+        params, body = cmd
+        if isinstance(body, MPubBody):
+            bodies = body.bodies()
+            assert body.payload == b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+            out.append((params, bodies))
+        else:
+            out.append((params, body))
     return out
 
 
