@@ -22,15 +22,19 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import (
+    HEX3,
     MAX_ATTEMPTS,
+    RUN_SIZE,
     Entry,
     Message,
+    Run,
     drop_last,
     expand,
     requeued,
     split,
     take,
     to_payload,
+    to_payloads,
 )
 from nsqpy.nsqd.policy import Counts, Effective, admit, returned, trim
 from nsqpy.nsqd.topology import preference_for
@@ -217,10 +221,10 @@ class Channel:
             return
         # The backend first: if it refuses, nothing of this batch was queued (MPUB is atomic).
         head, rest = split(entries, max(room, 0))
-        self._backend.put_many([to_payload(m) for m in rest])
+        self._backend.put_many(to_payloads(rest))
         if head:
             self._memory.extend(head)
-            self._depth += count - len(rest)
+            self._depth += max(room, 0)
 
     def take(self, count: int) -> list[Message]:
         """Up to ``count`` messages off the head of the memory queue."""
@@ -269,7 +273,10 @@ class Channel:
         n = len(clients)
         backend = self._backend
         start = self._next if order is None else 0
+        memory = self._memory
+        popleft = memory.popleft
         pack = MESSAGE_FRAME_HEADER.pack
+        unpack = RUN_SIZE.unpack_from
         now = 0.0
         delivered = 0
         for k in range(n):
@@ -293,13 +300,32 @@ class Channel:
             if client.sample_rate or self.policy is not None:
                 take = self._sampled(client, room, frames, now, deadline)
             else:
-                msgs = self.take(room)
-                take = len(msgs)
-                for msg_id, timestamp, attempts, body in msgs:
+                take = left = room if room < self._depth else self._depth
+                while left:
+                    entry = popleft()
+                    if isinstance(entry, Run):  # its messages straight out of its payload
+                        payload, pos, length, prefix, seq, timestamp = entry
+                        last = seq + (left if left < length else length)
+                        for hex3 in HEX3[seq:last]:
+                            end = pos + 4 + unpack(payload, pos)[0]
+                            body = payload[pos + 4 : end]
+                            pos = end
+                            msg_id = prefix + hex3
+                            append(pack(len(body) + 30, 2, timestamp, 1, msg_id))
+                            append(body)
+                            in_flight[msg_id] = (msg_id, timestamp, 1, body, deadline, now)
+                        left -= last - seq
+                        if last - seq < length:  # the rest of the run stays at the head
+                            rest = Run(payload, pos, length - (last - seq), prefix, last, timestamp)
+                            memory.appendleft(rest)
+                        continue
+                    msg_id, timestamp, attempts, body = entry
                     attempts += 1
                     append(pack(len(body) + 30, 2, timestamp, attempts, msg_id))
                     append(body)
                     in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
+                    left -= 1
+                self._depth -= take
             if take:
                 client.message_count += take
                 self.delivery_count += take

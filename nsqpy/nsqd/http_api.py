@@ -53,7 +53,7 @@ from nsqpy.nsqd.stats import (
     track_gc_pauses,
 )
 from nsqpy.wire.names import go_quote, is_valid_topic_name
-from nsqpy.wire.v2 import CommandParser, MPubBody, ProtocolError
+from nsqpy.wire.v2 import CommandParser, ProtocolError, mpub_bodies
 
 if TYPE_CHECKING:
     import ssl
@@ -338,9 +338,9 @@ class NSQDHTTPServer:
             command = parser.next_command()
         except ProtocolError as err:
             raise HTTPError(413, err.code[2:]) from None
-        if command is None or not isinstance(command[1], MPubBody):
+        if command is None or command[1] is None or isinstance(command[1], bytes):
             raise HTTPError(413, "BAD_MESSAGE")  # a message cut short
-        return command[1].bodies()
+        return command[1] if isinstance(command[1], list) else mpub_bodies(command[1])
 
     async def _stats(self, request: Request, _: str) -> object:
         params = ReqParams(request)

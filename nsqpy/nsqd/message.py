@@ -10,10 +10,12 @@ as it came off the wire (each message body behind its 4-byte size) and what the
 messages have in common: their IDs are consecutive (one 13-hex-digit prefix and a
 3-hex-digit sequence), their timestamp is the publish time, their attempts are 0.
 So a queued message costs its bytes on the wire and no object of its own (a tuple,
-an ID and a body: ~390 B for a 200-byte body, ~205 B in a run). A channel takes
-messages off the head of a run when it delivers them (:func:`take`); what is left
-is a new, shorter run in its place: runs are immutable, and shared by all the
-channels of a topic.
+an ID and a body: ~390 B for a 200-byte body, ~205 B in a run). A channel reads
+messages off the head of a run when it delivers them (``Channel._dispatch_pass``,
+:func:`take`); what is left is a new, shorter run in its place: runs are immutable,
+and shared by all the channels of a topic. (MPUBs of one message or of kilobyte
+bodies come from the parser as lists of bodies and are queued as tuples:
+``wire.v2.MPUB_SPLIT_FROM``.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final, NamedTuple, TypeAlias, TypeVar
 
-from nsqpy.wire.v2 import decode_message, encode_message
+from nsqpy.wire.v2 import MESSAGE_HEADER, decode_message, encode_message
 
 Message: TypeAlias = tuple[bytes, int, int, bytes]
 """``(id, timestamp_ns, attempts, body)``"""
@@ -42,10 +44,10 @@ _TWEPOCH: Final = 1288834974288
 _SEQUENCE_BITS: Final = 12
 _NODE_ID_BITS: Final = 10
 _SEQUENCE_MASK: Final = (1 << _SEQUENCE_BITS) - 1
-_HEX3: Final = [b"%03x" % seq for seq in range(_SEQUENCE_MASK + 1)]  # 12 bits = 3 hex digits
+HEX3: Final = [b"%03x" % seq for seq in range(_SEQUENCE_MASK + 1)]  # 12 bits = 3 hex digits
 
 
-_SIZE: Final = struct.Struct(">I")
+RUN_SIZE: Final = struct.Struct(">I")  # a body's size in a run's payload
 
 
 class Run(NamedTuple):
@@ -75,7 +77,7 @@ def new_runs(
         return [Run(payload, 0, count, prefix, seq, timestamp)]
     runs: list[Run] = []
     pos = 0
-    unpack = _SIZE.unpack_from
+    unpack = RUN_SIZE.unpack_from
     for prefix, seq, n in spans:  # the 4096 IDs of a tick ran out: a new prefix
         runs.append(Run(payload, pos, n, prefix, seq, timestamp))
         for _ in range(n):
@@ -87,10 +89,10 @@ def run_messages(run: Run, count: int) -> tuple[list[Message], Run | None]:
     """The first ``count`` messages of ``run`` as tuples, and the run of the others (None if
     there are none)."""
     payload, pos, total, prefix, seq, timestamp = run
-    unpack = _SIZE.unpack_from
+    unpack = RUN_SIZE.unpack_from
     msgs: list[Message] = []
     append = msgs.append
-    for hex3 in _HEX3[seq : seq + min(count, total)]:
+    for hex3 in HEX3[seq : seq + min(count, total)]:
         (size,) = unpack(payload, pos)
         pos += 4
         append((prefix + hex3, timestamp, 0, payload[pos : pos + size]))
@@ -111,7 +113,7 @@ def cut(run: Run, count: int) -> tuple[Run, Run]:
     """``run`` in two: its first ``count`` messages and the others (0 < count < run.length)."""
     payload, start, total, prefix, seq, timestamp = run
     pos = start
-    unpack = _SIZE.unpack_from
+    unpack = RUN_SIZE.unpack_from
     for _ in range(count):
         pos += 4 + unpack(payload, pos)[0]
     return (
@@ -150,18 +152,18 @@ def drop_last(memory: deque[_T | Run], count: int) -> None:
             count -= 1
 
 
-def split(entries: list[Entry], count: int) -> tuple[list[Entry], list[Message]]:
-    """The entries of the first ``count`` messages, and the messages after them."""
+def split(entries: list[Entry], count: int) -> tuple[list[Entry], list[Entry]]:
+    """The entries of the first ``count`` messages, and those of the others."""
     head: list[Entry] = []
     n = 0
     for i, entry in enumerate(entries):
         if n == count:
-            return head, expand(entries[i:])
+            return head, entries[i:]
         if isinstance(entry, Run):
             if n + entry.length > count:
                 first, rest = cut(entry, count - n)  # count > n here
                 head.append(first)
-                return head, expand([rest, *entries[i + 1 :]])
+                return head, [rest, *entries[i + 1 :]]
             n += entry.length
         else:
             n += 1
@@ -177,6 +179,25 @@ def expand(entries: Iterable[_T | Run]) -> list[_T | Message]:
             out.extend(run_messages(entry, entry.length)[0])
         else:
             out.append(entry)
+    return out
+
+
+def to_payloads(entries: Iterable[Entry]) -> list[bytes]:
+    """The disk-queue records of these entries' messages (to_payload, runs taken apart
+    without a tuple per message)."""
+    out: list[bytes] = []
+    append = out.append
+    pack = MESSAGE_HEADER.pack  # a record's head: timestamp, attempts, ID
+    unpack = RUN_SIZE.unpack_from
+    for entry in entries:
+        if isinstance(entry, Run):
+            payload, pos, length, prefix, seq, timestamp = entry
+            for hex3 in HEX3[seq : seq + length]:
+                end = pos + 4 + unpack(payload, pos)[0]
+                append(pack(timestamp, 0, prefix + hex3) + payload[pos + 4 : end])
+                pos = end
+        else:
+            append(to_payload(entry))
     return out
 
 
@@ -220,7 +241,7 @@ class GUIDFactory:
         ids: list[bytes] = []
         for prefix, first, n in self.new_spans(count):
             # Each ID is one concatenation (in C, through map).
-            ids.extend(map(prefix.__add__, _HEX3[first : first + n]))
+            ids.extend(map(prefix.__add__, HEX3[first : first + n]))
         return ids
 
     def new_spans(self, count: int) -> list[tuple[bytes, int, int]]:

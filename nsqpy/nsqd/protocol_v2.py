@@ -925,7 +925,7 @@ class ClientV2(asyncio.Protocol):
         self._publish("PUB", "E_PUB_FAILED", params[1], [body])
 
     def _mpub(self, params: list[bytes], body: Body) -> None:
-        assert isinstance(body, MPubBody)
+        assert isinstance(body, (tuple, list))
         if self._authd is not None:
             # Go checks before reading the body; the parser has read it already.
             self._check_auth("MPUB", wire_str(params[1]), "")

@@ -28,6 +28,7 @@ from nsqpy.nsqd.message import (
     split,
     take,
     to_payload,
+    to_payloads,
 )
 from nsqpy.nsqd.policy import Counts, Effective, trim
 from nsqpy.wire.names import is_ephemeral
@@ -101,13 +102,13 @@ class Topic:
 
     def put_messages(self, bodies: list[bytes] | MPubBody) -> int:
         """PUB and MPUB: all the messages are queued, or none (raises BackendError).
-        Returns how many. An MPUB's messages are queued as runs (message.py)."""
+        Returns how many. An MPUB's packed bodies (wire.v2.MPubBody) are queued as runs
+        (message.py)."""
         if self.exiting:
             raise BackendError("exiting")
         entries: list[Entry]
-        if isinstance(bodies, MPubBody):
-            count = bodies.n_messages
-            payload = bodies.payload
+        if isinstance(bodies, tuple):
+            payload, count = bodies
             entries = list(new_runs(payload, count, time.time_ns(), self._ids.new_spans(count)))
             size = len(payload) - 4 * count
         else:
@@ -180,8 +181,8 @@ class Topic:
         room = self._nsqd.opts.mem_queue_size - self._depth
         if room < count:
             entries, rest = split(entries, max(room, 0))
-            self._backend.put_many([to_payload(m) for m in rest])
-            count -= len(rest)
+            self._backend.put_many(to_payloads(rest))
+            count = max(room, 0)
         self._memory.extend(entries)
         self._depth += count
         if self.policy is not None:

@@ -8,8 +8,9 @@ into frames, and the ``encode_*`` functions build every command.
 A command is ``(params, body)``: ``params`` is the command line split on single
 spaces exactly like Go's ``bytes.Split`` (``params[0]`` is the command name) and
 ``body`` is ``None``, the body ``bytes`` (IDENTIFY, AUTH, PUB, DPUB) or, for MPUB,
-an :class:`MPubBody`: the message bodies as they came, each behind its size, not split
-(nsqd queues them so, message.py). Plain tuples keep the per-command cost low: a consumer
+an :data:`MPubBody`: the message bodies as they came, each behind its size, not split
+(nsqd queues them so, message.py); or, for one message or bodies of kilobytes
+(``MPUB_SPLIT_FROM``), the list of bodies. Plain tuples keep the per-command cost low: a consumer
 sends one FIN per message.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, NamedTuple, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from nsqpy.wire.names import go_quote, is_valid_topic_name
 
@@ -42,24 +43,29 @@ MSG_ID_LENGTH: Final = 16
 MAX_LINE_LENGTH: Final = 16 * 1024
 
 
-class MPubBody(NamedTuple):
-    """An MPUB's messages: ``payload`` is ``(<int32 size><body>)*`` as received."""
+MPubBody: TypeAlias = tuple[bytes, int]
+"""An MPUB's messages, ``(payload, count)``: ``payload`` is ``(<int32 size><body>)*`` as
+received. (A plain tuple: one is made per MPUB, and an MPUB may hold one message.)"""
 
-    payload: bytes
-    n_messages: int
-
-    def bodies(self) -> list[bytes]:
-        out: list[bytes] = []
-        payload = self.payload
-        pos = 0
-        for _ in range(self.n_messages):
-            end = pos + 4 + _INT32.unpack_from(payload, pos)[0]
-            out.append(payload[pos + 4 : end])
-            pos = end
-        return out
+MPUB_SPLIT_FROM: Final = 2048
+"""MPUBs whose bodies average this size or more, and MPUBs of one message, come as a list
+of bodies instead: kept whole, kilobyte bodies would be copied twice (out of the read
+buffer, then out of the payload) to save an overhead that is small beside them."""
 
 
-Body: TypeAlias = bytes | MPubBody | None
+def mpub_bodies(body: MPubBody) -> list[bytes]:
+    """The message bodies of an MPUB."""
+    payload, count = body
+    out: list[bytes] = []
+    pos = 0
+    for _ in range(count):
+        end = pos + 4 + _INT32.unpack_from(payload, pos)[0]
+        out.append(payload[pos + 4 : end])
+        pos = end
+    return out
+
+
+Body: TypeAlias = bytes | MPubBody | list[bytes] | None
 Command: TypeAlias = tuple[list[bytes], Body]
 
 _INT32 = struct.Struct(">i")
@@ -146,8 +152,9 @@ class CommandParser:
         # The error Go sends if the connection ends (EOF, read timeout) while waiting here.
         self._short: tuple[str, str] | None = None
         # An MPUB being read message by message: (params, bytes of the messages read so far
-        # (a piece per buffer they came in), messages read, count).
-        self._mpub: tuple[list[bytes], list[bytes], int, int] | None = None
+        # (a piece per buffer they came in) or their bodies when split, messages read,
+        # count, split).
+        self._mpub: tuple[list[bytes], list[bytes], int, int, bool] | None = None
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
@@ -339,12 +346,14 @@ class CommandParser:
         # Go's readMPUB (the declared size is only range-checked): each size is checked as
         # soon as it arrives, and bytes of complete messages are dropped from the buffer.
         self._pos = start + 8
-        self._mpub = (params, [], 0, count)
+        # one message, or kilobytes each: a list of bodies (see MPubBody)
+        split = count == 1 or body_size - 4 >= (MPUB_SPLIT_FROM + 4) * count
+        self._mpub = (params, [], 0, count, split)
         return self._mpub_messages()
 
     def _mpub_messages(self) -> Command | None:
         assert self._mpub is not None
-        params, pieces, i, count = self._mpub
+        params, pieces, i, count, split = self._mpub
         buf = self._buf
         max_msg_size = self.max_msg_size
         unpack = _INT32.unpack_from
@@ -365,21 +374,26 @@ class CommandParser:
                 self._mpub_wait(pieces, start, p, i)
                 self._wait(end, "E_BAD_MESSAGE", "MPUB failed to read message body")
                 return None
+            if split:
+                pieces.append(buf[p + 4 : end])
             p = end
             i += 1
         self._mpub = None
         self._pos = p
+        if split:
+            return (params, pieces)
         if pieces:
             pieces.append(buf[start:p])
-            return (params, MPubBody(b"".join(pieces), count))
-        return (params, MPubBody(buf[start:p], count))
+            return (params, (b"".join(pieces), count))
+        return (params, (buf[start:p], count))
 
     def _mpub_wait(self, pieces: list[bytes], start: int, p: int, i: int) -> None:
         # the complete messages of this buffer are kept; the buffer drops them
-        if p > start:
-            pieces.append(self._buf[start:p])
         assert self._mpub is not None
-        self._mpub = (self._mpub[0], pieces, i, self._mpub[3])
+        params, _, _, count, split = self._mpub
+        if p > start and not split:
+            pieces.append(self._buf[start:p])
+        self._mpub = (params, pieces, i, count, split)
         self._pos = p
 
     def _check_mpub_size(self, body_size: int) -> None:

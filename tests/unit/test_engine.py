@@ -177,7 +177,7 @@ def pub(topic: Topic, *bodies: bytes) -> None:
 
 
 def packed(bodies: Sequence[bytes]) -> MPubBody:
-    return MPubBody(b"".join(len(b).to_bytes(4, "big") + b for b in bodies), len(bodies))
+    return (b"".join(len(b).to_bytes(4, "big") + b for b in bodies), len(bodies))
 
 
 def scan_at(nsqd: NSQD, clock: FakeClock, when: float) -> int:

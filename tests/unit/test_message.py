@@ -28,6 +28,7 @@ from nsqpy.nsqd.message import (
     split,
     take,
     to_payload,
+    to_payloads,
 )
 from nsqpy.wire.v2 import decode_message, encode_message
 
@@ -270,8 +271,9 @@ def test_cut_split_and_drop_last_count_messages_inside_runs() -> None:
     single: Message = (b"f" * 16, 1, 0, b"z")
     entries: list[Message | Run] = [single, run]
     kept, spilled = split(entries, 3)
-    assert expand(kept) == expand(entries)[:3] and spilled == expand(entries)[3:]
-    assert split(entries, 0) == ([], expand(entries))
+    assert expand(kept) == expand(entries)[:3] and expand(spilled) == expand(entries)[3:]
+    assert to_payloads(spilled) == [to_payload(m) for m in expand(entries)[3:]]
+    assert split(entries, 0) == ([], entries)
     assert split(entries, 6) == (entries, [])
     memory = deque(entries)
     drop_last(memory, 4)

@@ -16,8 +16,7 @@ from nsqpy.nsqd.options import Options, parse_nsqd_args, validate
 from nsqpy.nsqd.policy import Policy, PolicyBook, PolicyError, stats_fields, stats_text
 from nsqpy.nsqd.stats import get_stats
 from nsqpy.nsqd.statsd import statsd_lines
-from nsqpy.wire.v2 import MPubBody
-from tests.unit.test_engine import ListBackend, make_nsqd, req, subscribe
+from tests.unit.test_engine import ListBackend, make_nsqd, packed, req, subscribe
 
 # -- parsing ---------------------------------------------------------------------------------
 
@@ -244,15 +243,11 @@ def test_flags_from_a_config_file(tmp_path: Path) -> None:
 # -- MPUB runs (message.py): policies count and cut messages inside a run ------------------------
 
 
-def _mpub(bodies: list[bytes]) -> MPubBody:
-    return MPubBody(b"".join(len(b).to_bytes(4, "big") + b for b in bodies), len(bodies))
-
-
 def test_max_depth_drops_the_head_of_a_run() -> None:
     nsqd, _ = make_nsqd()
     _set(nsqd, "t", "c", max_depth=3, dead_letter_topic="dl")
     ch = nsqd.get_topic("t").get_channel("c")
-    nsqd.get_topic("t").put_messages(_mpub([b"%d" % i for i in range(5)]))
+    nsqd.get_topic("t").put_messages(packed([b"%d" % i for i in range(5)]))
     assert ch.depth == 3 and ch.policy_counts is not None and ch.policy_counts.overflow_count == 2
     assert [m[3] for m in ch.peek(10)] == [b"2", b"3", b"4"]
     assert nsqd.topics["dl"].message_count == 2
@@ -272,16 +267,16 @@ def test_ttl_sweep_expires_whole_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     topic = nsqd.get_topic("t")
     ch = topic.get_channel("c")
     monkeypatch.setattr(topic_mod, "time", Past)
-    topic.put_messages(_mpub([b"old1", b"old2", b"old3"]))
+    topic.put_messages(packed([b"old1", b"old2", b"old3"]))
     topic.put_messages([b"old4"])
     monkeypatch.undo()
-    topic.put_messages(_mpub([b"new1", b"new2"]))
+    topic.put_messages(packed([b"new1", b"new2"]))
     backlog = nsqd.get_topic("u")  # no channel: the runs wait in the topic
     _set(nsqd, "u", None, message_ttl=10**9)
     monkeypatch.setattr(topic_mod, "time", Past)
-    backlog.put_messages(_mpub([b"old1", b"old2"]))
+    backlog.put_messages(packed([b"old1", b"old2"]))
     monkeypatch.undo()
-    backlog.put_messages(_mpub([b"new1"]))
+    backlog.put_messages(packed([b"new1"]))
     nsqd.queue_scan(time.monotonic())
     assert ch.depth == 2 and [m[3] for m in ch.peek(5)] == [b"new1", b"new2"]
     assert ch.policy_counts is not None and ch.policy_counts.expired_count == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import struct
@@ -19,6 +20,7 @@ from nsqpy.wire.v2 import (
     MAGIC_V2,
     MAX_LINE_LENGTH,
     MESSAGE_HEADER_SIZE,
+    MPUB_SPLIT_FROM,
     STATE_CLOSING,
     STATE_INIT,
     STATE_SUBSCRIBED,
@@ -26,7 +28,6 @@ from nsqpy.wire.v2 import (
     CommandParser,
     ConnectionFailure,
     FrameParser,
-    MPubBody,
     ProtocolError,
     decode_message,
     encode_auth,
@@ -46,6 +47,7 @@ from nsqpy.wire.v2 import (
     encode_response,
     encode_sub,
     encode_touch,
+    mpub_bodies,
     parse_base10,
 )
 
@@ -86,9 +88,9 @@ def drain(p: CommandParser) -> list[tuple[list[bytes], bytes | list[bytes] | Non
     out: list[tuple[list[bytes], bytes | list[bytes] | None]] = []
     while (cmd := p.next_command()) is not None:
         params, body = cmd
-        if isinstance(body, MPubBody):
-            bodies = body.bodies()
-            assert body.payload == b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+        if isinstance(body, tuple):
+            bodies = mpub_bodies(body)
+            assert body[0] == b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
             out.append((params, bodies))
         else:
             out.append((params, body))
@@ -521,6 +523,29 @@ def test_mpub_fed_bytewise() -> None:
     bodies = [b"one", b"two", b"three", b"x" * 300]
     data = encode_mpub("t", bodies) + encode_mpub("t", [b"z"])
     assert both_ways(data) == [([b"MPUB", b"t"], bodies), ([b"MPUB", b"t"], [b"z"])]
+
+
+def test_mpub_stays_packed_unless_its_bodies_average_kilobytes() -> None:
+    """Small bodies come as (payload, count), the bytes as sent (nsqd queues them as one
+    run); bodies of MPUB_SPLIT_FROM bytes or more on average, or a single body, come split,
+    as a list."""
+    big = [b"x" * MPUB_SPLIT_FROM, b"y" * (MPUB_SPLIT_FROM + 1)]
+    small = [b"a", b"b" * (2 * MPUB_SPLIT_FROM - 2)]  # averages just under
+    payload = b"".join(len(b).to_bytes(4, "big") + b for b in small)
+    expected = [
+        ([b"MPUB", b"t"], big),
+        ([b"MPUB", b"t"], (payload, 2)),
+        ([b"MPUB", b"t"], [b"one"]),
+    ]
+    data = encode_mpub("t", big) + encode_mpub("t", small) + encode_mpub("t", [b"one"])
+    for sizes in ([len(data)], itertools.repeat(1000)):  # whole, and in pieces
+        p = parser(max_msg_size=1 << 20, max_body_size=1 << 22)
+        got = []
+        for chunk in chunked(data, sizes):
+            p.feed(chunk)
+            while (cmd := p.next_command()) is not None:
+                got.append(cmd)
+        assert got == expected
 
 
 # -- the 16 KiB line limit (Go's bufio.Reader of 16 KiB + ReadSlice) ------------------------------
