@@ -303,7 +303,7 @@ class Channel:
                 take = left = room if room < self._depth else self._depth
                 while left:
                     entry = popleft()
-                    if isinstance(entry, Run):  # its messages straight out of its payload
+                    if len(entry) == 6:  # a Run: its messages straight out of its payload
                         payload, pos, length, prefix, seq, timestamp = entry
                         last = seq + (left if left < length else length)
                         for hex3 in HEX3[seq:last]:
