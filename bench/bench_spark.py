@@ -16,8 +16,10 @@ offline. Then, in the same Spark session:
    ``maxMessagesPerTrigger``, WAL on local disk (fsync on), into Spark's parquet file sink;
 4. the **ratio** nsq / no-op of the steady rates (rows over the summed micro-batch times of the
    batches after the first, which pays for the Python workers' start-up);
-5. **DataFrame → sink**: a cached DataFrame of the same bodies, ``df.write.format("nsq")``, and
-   the streaming sink: the no-op source ``writeStream.format("nsq")`` with ``Trigger.AvailableNow``.
+5. **DataFrame → sink**, beside the **no-op sink** (a Python Arrow writer that only counts, the
+   ceiling of Spark's side), after a warm-up write of each, ``--sink-rounds`` times: a cached
+   DataFrame of the same bodies, ``df.write.format("nsq")``, and the streaming sink: the no-op
+   source ``writeStream.format("nsq")`` with ``Trigger.AvailableNow`` (steady rate).
 
 Every figure checks its count (parquet rows read back through Spark; nsqd's topic
 message_count). ``BENCH_VERBOSE=1`` prints every micro-batch's ``durationMs``.
@@ -185,6 +187,49 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
     return NoopArrowSource
 
 
+def noop_sink() -> Any:
+    """The sink's ceiling: a Python Data Source named ``noop_sink`` whose batch and streaming
+    Arrow writers only count the rows Spark hands them."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+
+    def count(iterator: Any) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    class NoopWriter(DataSourceArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return count(iterator)
+
+    class NoopStreamWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return count(iterator)
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            pass
+
+        def abort(self, messages: Any, batchId: int) -> None:
+            pass
+
+    class NoopSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "noop_sink"
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return NoopWriter()
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+            return NoopStreamWriter()
+
+    return NoopSink
+
+
 def steady_rate(query: Any, label: str) -> tuple[float, int, int]:
     """Rows/s over the micro-batches after the first, their rows and count."""
     progress = [p for p in query.recentProgress if p["numInputRows"]]
@@ -268,6 +313,87 @@ def load_line() -> str:
         return "load n/a"
 
 
+def sink(
+    spark: Any,
+    noop_df: Any,
+    nsqd_pid: int | None,
+    addresses: tuple[str, str],
+    work: str,
+    n: int,
+    size: int,
+    rounds: int,
+) -> None:
+    """DataFrame → sink, batch and streaming, each beside the no-op sink (Spark's ceiling for a
+    Python Arrow writer), after a warm-up write of each kind that is not counted."""
+    tcp, http = addresses
+    topic = f"bench_sink_{int(time.time())}"
+    http_post(f"http://{http}/topic/create?topic={topic}")
+    http_post(f"http://{http}/channel/create?topic={topic}&channel=check")
+    bodies = (
+        spark.range(n, numPartitions=2)
+        .selectExpr(f"rpad(format_string('%012d', id), {size}, '.') AS body")
+        .cache()
+    )
+    bodies.count()
+    published = 0
+
+    def check(expect: int) -> str:
+        count = topic_stats(http, topic).get("message_count", 0) - published
+        return "OK" if count == expect else f"MISMATCH ({count:,} published)"
+
+    def batch(fmt: str) -> float:
+        writer = bodies.write.format(fmt).mode("append")
+        if fmt == "nsq":
+            writer = writer.option("nsqdTCPAddresses", tcp).option("topic", topic)
+        started = time.monotonic()
+        writer.save()
+        return n / (time.monotonic() - started)
+
+    def streaming(fmt: str, name: str) -> float:
+        writer = noop_df().writeStream.format(fmt)
+        if fmt == "nsq":
+            writer = writer.option("nsqdTCPAddresses", tcp).option("topic", topic)
+        query = (
+            writer.option("checkpointLocation", os.path.join(work, f"ckpt-{name}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return steady_rate(query, name)[0]
+
+    for fmt in ("noop_sink", "nsq"):  # warm-up: the JVM's first writes run cold code
+        batch(fmt)
+        streaming(fmt, f"sink-warm-up-{fmt}")
+        if fmt == "nsq":
+            print(f"warm-up (not counted) -> sink (batch, streaming) [{check(2 * n)}]")
+            published += 2 * n
+    results: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for kind in ("batch", "streaming"):
+            for fmt in ("noop_sink", "nsq"):
+                cpu0 = tree_cpu(nsqd_pid)
+                if kind == "batch":
+                    rate = batch(fmt)
+                    line = f"dataframe -> {fmt} (batch): {rate:,.0f} msgs/s"
+                else:
+                    rate = streaming(fmt, f"sink-{fmt}-{r}")
+                    line = f"no-op source -> {fmt} (streaming): steady {rate:,.0f} msgs/s"
+                results.setdefault(f"{kind} {fmt}", []).append(rate)
+                if fmt == "nsq":
+                    line += f" [{check(n)}]"
+                    published += n
+                print(line)
+                print(cpu_line(cpu0, tree_cpu(nsqd_pid), n))
+        print(f"[{load_line()}]")
+    bodies.unpersist()
+    for kind in ("batch", "streaming"):
+        nsq, ceiling = results[f"{kind} nsq"], results[f"{kind} noop_sink"]
+        print(
+            f"RESULT sink ({kind}): nsq {', '.join(f'{r:,.0f}' for r in nsq)} msgs/s; "
+            f"no-op sink {', '.join(f'{r:,.0f}' for r in ceiling)} msgs/s"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -281,6 +407,7 @@ def main() -> None:
     parser.add_argument("--nsqd-http")
     parser.add_argument("--skip-source", action="store_true", help="no source runs (sink only)")
     parser.add_argument("--skip-sink", action="store_true")
+    parser.add_argument("--sink-rounds", type=int, default=2, help="rounds of the sink figures")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="bench-spark-")
@@ -315,6 +442,7 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(NSQDataSource)
         spark.dataSource.register(noop_source())
+        spark.dataSource.register(noop_sink())
         print(f"spark {spark.version} {args.master} started in {time.monotonic() - t0:.1f}s")
         n, size = args.messages, args.size
         stamp = int(time.time())
@@ -375,48 +503,8 @@ def main() -> None:
             )
 
         if not args.skip_sink:
-            topic = f"bench_sink_{stamp}"
-            http_post(f"http://{http}/topic/create?topic={topic}")
-            http_post(f"http://{http}/channel/create?topic={topic}&channel=check")
-            bodies = (
-                spark.range(n, numPartitions=2)
-                .selectExpr(f"rpad(format_string('%012d', id), {size}, '.') AS body")
-                .cache()
-            )
-            bodies.count()
-            started = time.monotonic()
-            bodies.write.format("nsq").mode("append").option("nsqdTCPAddresses", tcp).option(
-                "topic", topic
-            ).save()
-            took = time.monotonic() - started
-            bodies.unpersist()
-            count = topic_stats(http, topic).get("message_count", 0)
-            status = "OK" if count == n else f"MISMATCH ({count:,} published)"
-            print(
-                f"dataframe -> sink (batch): {n:,} msgs in {took:.1f}s = {n / took:,.0f} msgs/s "
-                f"[{status}]"
-            )
-            # Streaming: the no-op source into the sink; the topic now holds 2n when all is well.
-            started = time.monotonic()
-            query = (
-                noop_df()
-                .writeStream.format("nsq")
-                .option("nsqdTCPAddresses", tcp)
-                .option("topic", topic)
-                .option("checkpointLocation", os.path.join(work, "ckpt-sink"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            wall = time.monotonic() - started
-            rate, rows, batches = steady_rate(query, "sink")
-            count = topic_stats(http, topic).get("message_count", 0) - n
-            status = "OK" if count == n else f"MISMATCH ({count:,} published)"
-            print(
-                f"no-op -> sink (streaming): steady {rate:,.0f} msgs/s ({rows:,} in {batches} "
-                f"batches after the first); {n:,} in {wall:.1f}s wall incl. start-up [{status}]"
-            )
-            print(f"[{load_line()}]")
+            nsqd_pid = nsqd.pid if nsqd is not None else None
+            sink(spark, noop_df, nsqd_pid, (tcp, http), work, n, size, args.sink_rounds)
         spark.stop()
     finally:
         if nsqd is not None:
