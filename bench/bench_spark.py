@@ -14,8 +14,11 @@ offline. Then, in the same Spark session:
    ``--partitions`` partitions per micro-batch, the same rows and triggers as the ``nsq`` run;
 3. **nsq → parquet**: the ``nsq`` source with ``Trigger.AvailableNow`` and
    ``maxMessagesPerTrigger``, WAL on local disk (fsync on), into Spark's parquet file sink;
-4. the **ratio** nsq / no-op of the steady rates (rows over the summed micro-batch times of the
-   batches after the first, which pays for the Python workers' start-up);
+4. the **ratios** of the steady rates (rows over the summed micro-batch times of the batches
+   after the first, which pays for the Python workers' start-up): nsq / no-op (the issue's
+   figure); nsq / a no-op with the nsq source's seven columns (what Spark's side costs for that
+   schema: its conversion and the parquet writer's work per column); and the nsq source with
+   ``.schema("id string, body binary")``, the no-op's own columns, on a second channel / no-op;
 5. **DataFrame → sink**, beside the **no-op sink** (a Python Arrow writer that only counts, the
    ceiling of Spark's side), after a warm-up write of each, ``--sink-rounds`` times: a cached
    DataFrame of the same bodies, ``df.write.format("nsq")``, and the streaming sink: the no-op
@@ -134,6 +137,7 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
 
     class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         def __init__(self, options: dict[str, str]) -> None:
+            self.full = options.get("schema") == "nsq"
             self.total = int(options["messages"])
             self.per_trigger = int(options["pertrigger"])
             self.parts = int(options["partitions"])
@@ -160,13 +164,25 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
             import pyarrow as pa
 
             n = int(partition.value)
-            full = pa.RecordBatch.from_arrays(
-                [
-                    pa.array([f"{i:016x}" for i in range(rows_per_batch)], pa.string()),
-                    pa.array([b"x" * 100] * rows_per_batch, pa.binary()),
-                ],
-                names=["id", "body"],
-            )
+            ids = pa.array([f"{i:016x}" for i in range(rows_per_batch)], pa.string())
+            bodies = pa.array([b"x" * 100] * rows_per_batch, pa.binary())
+            if self.full:  # the nsq source's columns, the same values as its rows carry
+                from nsqpy.spark._schema import ARROW_SCHEMA, with_constants
+
+                now = time.time_ns() // 1000
+                stamps = pa.array(range(now, now + rows_per_batch), pa.int64())
+                segment = pa.RecordBatch.from_arrays(
+                    [
+                        ids,
+                        stamps.cast(ARROW_SCHEMA.field("timestamp").type),
+                        pa.array([1] * rows_per_batch, pa.int32()),
+                        bodies,
+                    ],
+                    schema=pa.schema(list(ARROW_SCHEMA)[:4]),
+                )
+                full = with_constants(segment, "bench_src_1764100000", "spark", "127.0.0.1:4150")
+            else:
+                full = pa.RecordBatch.from_arrays([ids, bodies], names=["id", "body"])
             for start in range(0, n, rows_per_batch):
                 yield full.slice(0, min(rows_per_batch, n - start))
 
@@ -178,7 +194,11 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
         def name(cls) -> str:
             return "noop_arrow"
 
-        def schema(self) -> str:
+        def schema(self) -> Any:
+            if self.options.get("schema") == "nsq":
+                from nsqpy.spark._schema import SCHEMA
+
+                return SCHEMA
             return "id string, body binary"
 
         def streamReader(self, schema: Any) -> Any:
@@ -447,19 +467,36 @@ def main() -> None:
         n, size = args.messages, args.size
         stamp = int(time.time())
 
-        def noop_df() -> Any:
+        def noop_df(schema: str = "") -> Any:
             return (
                 spark.readStream.format("noop_arrow")
                 .option("messages", n)
                 .option("perTrigger", args.per_trigger)
                 .option("partitions", args.partitions)
+                .option("schema", schema)
+                .load()
+            )
+
+        def nsq_df(channel: str, schema: str | None = None) -> Any:
+            reader = spark.readStream.format("nsq")
+            if schema is not None:
+                reader = reader.schema(schema)
+            return (
+                reader.option("nsqdTCPAddresses", tcp)
+                .option("nsqdHTTPAddresses", http)
+                .option("topic", topic)
+                .option("channel", channel)
+                .option("walLocation", os.path.join(work, f"wal-{channel}"))
+                .option("maxMessagesPerTrigger", args.per_trigger)
+                .option("numPartitions", args.partitions)
                 .load()
             )
 
         if not args.skip_source:
             topic = f"bench_src_{stamp}"
             http_post(f"http://{http}/topic/create?topic={topic}")
-            http_post(f"http://{http}/channel/create?topic={topic}&channel=spark")
+            for channel in ("spark", "spark_id_body"):
+                http_post(f"http://{http}/channel/create?topic={topic}&channel={channel}")
             took = publish(tcp, topic, n, size)
             print(f"published {n:,} x {size} B in {took:.1f}s ({n / took:,.0f} msgs/s)")
             print(f"{n:,} rows, {args.per_trigger:,} per trigger, {args.partitions} partitions")
@@ -467,39 +504,40 @@ def main() -> None:
             nsqd_pid = nsqd.pid if nsqd is not None else None
             # A first run warms the JVM up (its JIT makes a cold no-op run about half as fast,
             # which would flatter the ratio); it is not counted. Then the ceiling is measured
-            # before and after the nsq run (the machine is shared): the ratio uses their mean.
+            # before and after the nsq runs (the machine is shared): the ratios use their mean.
+            # Beside the issue's ceiling (id and body), the no-op with the nsq source's seven
+            # columns tells what Spark's side costs for that schema, and the nsq source with the
+            # schema "id string, body binary" (only those columns) gives the like-for-like figure.
             _, line = run_to_parquet(spark, noop_df(), work, "warm-up", n)
             print(line.replace("warm-up -> parquet", "warm-up (not counted) -> parquet"))
-            noop_rates = []
-            for name in ("noop", "nsq", "noop-again"):
+            runs = {
+                "noop": noop_df,
+                "nsq": lambda: nsq_df("spark"),
+                "noop-nsq-schema": lambda: noop_df("nsq"),
+                "nsq-id-body": lambda: nsq_df("spark_id_body", "id string, body binary"),
+                "noop-again": noop_df,
+            }
+            rates: dict[str, float] = {}
+            for name, make in runs.items():
                 cpu0 = tree_cpu(nsqd_pid)
-                if name == "nsq":
-                    df = (
-                        spark.readStream.format("nsq")
-                        .option("nsqdTCPAddresses", tcp)
-                        .option("nsqdHTTPAddresses", http)
-                        .option("topic", topic)
-                        .option("channel", "spark")
-                        .option("walLocation", os.path.join(work, "wal"))
-                        .option("maxMessagesPerTrigger", args.per_trigger)
-                        .option("numPartitions", args.partitions)
-                        .load()
-                    )
-                else:
-                    df = noop_df()
-                rate, line = run_to_parquet(spark, df, work, name, n)
+                rates[name], line = run_to_parquet(spark, make(), work, name, n)
                 print(line)
                 print(cpu_line(cpu0, tree_cpu(nsqd_pid), n))
                 print(f"[{load_line()}]")
-                if name == "nsq":
-                    nsq_rate = rate
-                else:
-                    noop_rates.append(rate)
-            noop_rate = sum(noop_rates) / len(noop_rates)
-            ratio = nsq_rate / noop_rate if noop_rate else 0.0
+            noop_rate = (rates["noop"] + rates["noop-again"]) / 2
             print(
-                f"RESULT source: nsq {nsq_rate:,.0f} rows/s, no-op {noop_rate:,.0f} rows/s "
-                f"(mean of {', '.join(f'{r:,.0f}' for r in noop_rates)}), ratio {ratio:.2f}"
+                f"RESULT source: nsq {rates['nsq']:,.0f} rows/s, no-op {noop_rate:,.0f} rows/s "
+                f"(mean of {rates['noop']:,.0f}, {rates['noop-again']:,.0f}), "
+                f"ratio {rates['nsq'] / noop_rate:.2f}"
+            )
+            print(
+                f"RESULT source, same schema: no-op with the nsq columns "
+                f"{rates['noop-nsq-schema']:,.0f} rows/s, "
+                f"ratio {rates['nsq'] / rates['noop-nsq-schema']:.2f}"
+            )
+            print(
+                f"RESULT source, schema id and body: nsq {rates['nsq-id-body']:,.0f} rows/s, "
+                f"ratio {rates['nsq-id-body'] / noop_rate:.2f}"
             )
 
         if not args.skip_sink:
