@@ -88,10 +88,11 @@ class Topic:
         """PUB and MPUB: all the messages are queued, or none (raises BackendError)."""
         if self.exiting:
             raise BackendError("exiting")
-        ids = self._ids.new_ids(len(bodies))
-        msgs: list[Message] = list(
-            zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False)
-        )
+        if len(bodies) == 1:  # a PUB: one tuple, not the zip machinery
+            msgs: list[Message] = [(self._ids.new_id(), time.time_ns(), 0, bodies[0])]
+        else:
+            ids = self._ids.new_ids(len(bodies))
+            msgs = list(zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False))
         if self._flowing:
             self._put_channels(msgs)
         else:
