@@ -14,10 +14,15 @@ offline. Then, in the same Spark session:
    ``--partitions`` partitions per micro-batch, the same rows and triggers as the ``nsq`` run;
 3. **nsq → parquet**: the ``nsq`` source with ``Trigger.AvailableNow`` and
    ``maxMessagesPerTrigger``, WAL on local disk (fsync on), into Spark's parquet file sink;
-4. the **ratio** nsq / no-op of the steady rates (rows over the summed micro-batch times of the
-   batches after the first, which pays for the Python workers' start-up);
-5. **DataFrame → sink**: a cached DataFrame of the same bodies, ``df.write.format("nsq")``, and
-   the streaming sink: the no-op source ``writeStream.format("nsq")`` with ``Trigger.AvailableNow``.
+4. the **ratios** of the steady rates (rows over the summed micro-batch times of the batches
+   after the first, which pays for the Python workers' start-up): nsq / no-op (the issue's
+   figure); nsq / a no-op with the nsq source's seven columns (what Spark's side costs for that
+   schema: its conversion and the parquet writer's work per column); and the nsq source with
+   ``.schema("id string, body binary")``, the no-op's own columns, on a second channel / no-op;
+5. **DataFrame → sink**, beside the **no-op sink** (a Python Arrow writer that only counts, the
+   ceiling of Spark's side), after a warm-up write of each, ``--sink-rounds`` times: a cached
+   DataFrame of the same bodies, ``df.write.format("nsq")``, and the streaming sink: the no-op
+   source ``writeStream.format("nsq")`` with ``Trigger.AvailableNow`` (steady rate).
 
 Every figure checks its count (parquet rows read back through Spark; nsqd's topic
 message_count). ``BENCH_VERBOSE=1`` prints every micro-batch's ``durationMs``.
@@ -132,6 +137,7 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
 
     class NoopReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         def __init__(self, options: dict[str, str]) -> None:
+            self.full = options.get("schema") == "nsq"
             self.total = int(options["messages"])
             self.per_trigger = int(options["pertrigger"])
             self.parts = int(options["partitions"])
@@ -158,13 +164,25 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
             import pyarrow as pa
 
             n = int(partition.value)
-            full = pa.RecordBatch.from_arrays(
-                [
-                    pa.array([f"{i:016x}" for i in range(rows_per_batch)], pa.string()),
-                    pa.array([b"x" * 100] * rows_per_batch, pa.binary()),
-                ],
-                names=["id", "body"],
-            )
+            ids = pa.array([f"{i:016x}" for i in range(rows_per_batch)], pa.string())
+            bodies = pa.array([b"x" * 100] * rows_per_batch, pa.binary())
+            if self.full:  # the nsq source's columns, the same values as its rows carry
+                from nsqpy.spark._schema import ARROW_SCHEMA, with_constants
+
+                now = time.time_ns() // 1000
+                stamps = pa.array(range(now, now + rows_per_batch), pa.int64())
+                segment = pa.RecordBatch.from_arrays(
+                    [
+                        ids,
+                        stamps.cast(ARROW_SCHEMA.field("timestamp").type),
+                        pa.array([1] * rows_per_batch, pa.int32()),
+                        bodies,
+                    ],
+                    schema=pa.schema(list(ARROW_SCHEMA)[:4]),
+                )
+                full = with_constants(segment, "bench_src_1764100000", "spark", "127.0.0.1:4150")
+            else:
+                full = pa.RecordBatch.from_arrays([ids, bodies], names=["id", "body"])
             for start in range(0, n, rows_per_batch):
                 yield full.slice(0, min(rows_per_batch, n - start))
 
@@ -176,13 +194,60 @@ def noop_source(rows_per_batch: int = 10_000) -> Any:
         def name(cls) -> str:
             return "noop_arrow"
 
-        def schema(self) -> str:
+        def schema(self) -> Any:
+            if self.options.get("schema") == "nsq":
+                from nsqpy.spark._schema import SCHEMA
+
+                return SCHEMA
             return "id string, body binary"
 
         def streamReader(self, schema: Any) -> Any:
             return NoopReader(dict(self.options))
 
     return NoopArrowSource
+
+
+def noop_sink() -> Any:
+    """The sink's ceiling: a Python Data Source named ``noop_sink`` whose batch and streaming
+    Arrow writers only count the rows Spark hands them."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+
+    def count(iterator: Any) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+    class NoopWriter(DataSourceArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return count(iterator)
+
+    class NoopStreamWriter(DataSourceStreamArrowWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            return count(iterator)
+
+        def commit(self, messages: Any, batchId: int) -> None:
+            pass
+
+        def abort(self, messages: Any, batchId: int) -> None:
+            pass
+
+    class NoopSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "noop_sink"
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return NoopWriter()
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+            return NoopStreamWriter()
+
+    return NoopSink
 
 
 def steady_rate(query: Any, label: str) -> tuple[float, int, int]:
@@ -268,6 +333,87 @@ def load_line() -> str:
         return "load n/a"
 
 
+def sink(
+    spark: Any,
+    noop_df: Any,
+    nsqd_pid: int | None,
+    addresses: tuple[str, str],
+    work: str,
+    n: int,
+    size: int,
+    rounds: int,
+) -> None:
+    """DataFrame → sink, batch and streaming, each beside the no-op sink (Spark's ceiling for a
+    Python Arrow writer), after a warm-up write of each kind that is not counted."""
+    tcp, http = addresses
+    topic = f"bench_sink_{int(time.time())}"
+    http_post(f"http://{http}/topic/create?topic={topic}")
+    http_post(f"http://{http}/channel/create?topic={topic}&channel=check")
+    bodies = (
+        spark.range(n, numPartitions=2)
+        .selectExpr(f"rpad(format_string('%012d', id), {size}, '.') AS body")
+        .cache()
+    )
+    bodies.count()
+    published = 0
+
+    def check(expect: int) -> str:
+        count = topic_stats(http, topic).get("message_count", 0) - published
+        return "OK" if count == expect else f"MISMATCH ({count:,} published)"
+
+    def batch(fmt: str) -> float:
+        writer = bodies.write.format(fmt).mode("append")
+        if fmt == "nsq":
+            writer = writer.option("nsqdTCPAddresses", tcp).option("topic", topic)
+        started = time.monotonic()
+        writer.save()
+        return n / (time.monotonic() - started)
+
+    def streaming(fmt: str, name: str) -> float:
+        writer = noop_df().writeStream.format(fmt)
+        if fmt == "nsq":
+            writer = writer.option("nsqdTCPAddresses", tcp).option("topic", topic)
+        query = (
+            writer.option("checkpointLocation", os.path.join(work, f"ckpt-{name}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return steady_rate(query, name)[0]
+
+    for fmt in ("noop_sink", "nsq"):  # warm-up: the JVM's first writes run cold code
+        batch(fmt)
+        streaming(fmt, f"sink-warm-up-{fmt}")
+        if fmt == "nsq":
+            print(f"warm-up (not counted) -> sink (batch, streaming) [{check(2 * n)}]")
+            published += 2 * n
+    results: dict[str, list[float]] = {}
+    for r in range(rounds):
+        for kind in ("batch", "streaming"):
+            for fmt in ("noop_sink", "nsq"):
+                cpu0 = tree_cpu(nsqd_pid)
+                if kind == "batch":
+                    rate = batch(fmt)
+                    line = f"dataframe -> {fmt} (batch): {rate:,.0f} msgs/s"
+                else:
+                    rate = streaming(fmt, f"sink-{fmt}-{r}")
+                    line = f"no-op source -> {fmt} (streaming): steady {rate:,.0f} msgs/s"
+                results.setdefault(f"{kind} {fmt}", []).append(rate)
+                if fmt == "nsq":
+                    line += f" [{check(n)}]"
+                    published += n
+                print(line)
+                print(cpu_line(cpu0, tree_cpu(nsqd_pid), n))
+        print(f"[{load_line()}]")
+    bodies.unpersist()
+    for kind in ("batch", "streaming"):
+        nsq, ceiling = results[f"{kind} nsq"], results[f"{kind} noop_sink"]
+        print(
+            f"RESULT sink ({kind}): nsq {', '.join(f'{r:,.0f}' for r in nsq)} msgs/s; "
+            f"no-op sink {', '.join(f'{r:,.0f}' for r in ceiling)} msgs/s"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -281,6 +427,7 @@ def main() -> None:
     parser.add_argument("--nsqd-http")
     parser.add_argument("--skip-source", action="store_true", help="no source runs (sink only)")
     parser.add_argument("--skip-sink", action="store_true")
+    parser.add_argument("--sink-rounds", type=int, default=2, help="rounds of the sink figures")
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="bench-spark-")
@@ -315,23 +462,41 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(NSQDataSource)
         spark.dataSource.register(noop_source())
+        spark.dataSource.register(noop_sink())
         print(f"spark {spark.version} {args.master} started in {time.monotonic() - t0:.1f}s")
         n, size = args.messages, args.size
         stamp = int(time.time())
 
-        def noop_df() -> Any:
+        def noop_df(schema: str = "") -> Any:
             return (
                 spark.readStream.format("noop_arrow")
                 .option("messages", n)
                 .option("perTrigger", args.per_trigger)
                 .option("partitions", args.partitions)
+                .option("schema", schema)
+                .load()
+            )
+
+        def nsq_df(channel: str, schema: str | None = None) -> Any:
+            reader = spark.readStream.format("nsq")
+            if schema is not None:
+                reader = reader.schema(schema)
+            return (
+                reader.option("nsqdTCPAddresses", tcp)
+                .option("nsqdHTTPAddresses", http)
+                .option("topic", topic)
+                .option("channel", channel)
+                .option("walLocation", os.path.join(work, f"wal-{channel}"))
+                .option("maxMessagesPerTrigger", args.per_trigger)
+                .option("numPartitions", args.partitions)
                 .load()
             )
 
         if not args.skip_source:
             topic = f"bench_src_{stamp}"
             http_post(f"http://{http}/topic/create?topic={topic}")
-            http_post(f"http://{http}/channel/create?topic={topic}&channel=spark")
+            for channel in ("spark", "spark_id_body"):
+                http_post(f"http://{http}/channel/create?topic={topic}&channel={channel}")
             took = publish(tcp, topic, n, size)
             print(f"published {n:,} x {size} B in {took:.1f}s ({n / took:,.0f} msgs/s)")
             print(f"{n:,} rows, {args.per_trigger:,} per trigger, {args.partitions} partitions")
@@ -339,84 +504,45 @@ def main() -> None:
             nsqd_pid = nsqd.pid if nsqd is not None else None
             # A first run warms the JVM up (its JIT makes a cold no-op run about half as fast,
             # which would flatter the ratio); it is not counted. Then the ceiling is measured
-            # before and after the nsq run (the machine is shared): the ratio uses their mean.
+            # before and after the nsq runs (the machine is shared): the ratios use their mean.
+            # Beside the issue's ceiling (id and body), the no-op with the nsq source's seven
+            # columns tells what Spark's side costs for that schema, and the nsq source with the
+            # schema "id string, body binary" (only those columns) gives the like-for-like figure.
             _, line = run_to_parquet(spark, noop_df(), work, "warm-up", n)
             print(line.replace("warm-up -> parquet", "warm-up (not counted) -> parquet"))
-            noop_rates = []
-            for name in ("noop", "nsq", "noop-again"):
+            runs = {
+                "noop": noop_df,
+                "nsq": lambda: nsq_df("spark"),
+                "noop-nsq-schema": lambda: noop_df("nsq"),
+                "nsq-id-body": lambda: nsq_df("spark_id_body", "id string, body binary"),
+                "noop-again": noop_df,
+            }
+            rates: dict[str, float] = {}
+            for name, make in runs.items():
                 cpu0 = tree_cpu(nsqd_pid)
-                if name == "nsq":
-                    df = (
-                        spark.readStream.format("nsq")
-                        .option("nsqdTCPAddresses", tcp)
-                        .option("nsqdHTTPAddresses", http)
-                        .option("topic", topic)
-                        .option("channel", "spark")
-                        .option("walLocation", os.path.join(work, "wal"))
-                        .option("maxMessagesPerTrigger", args.per_trigger)
-                        .option("numPartitions", args.partitions)
-                        .load()
-                    )
-                else:
-                    df = noop_df()
-                rate, line = run_to_parquet(spark, df, work, name, n)
+                rates[name], line = run_to_parquet(spark, make(), work, name, n)
                 print(line)
                 print(cpu_line(cpu0, tree_cpu(nsqd_pid), n))
                 print(f"[{load_line()}]")
-                if name == "nsq":
-                    nsq_rate = rate
-                else:
-                    noop_rates.append(rate)
-            noop_rate = sum(noop_rates) / len(noop_rates)
-            ratio = nsq_rate / noop_rate if noop_rate else 0.0
+            noop_rate = (rates["noop"] + rates["noop-again"]) / 2
             print(
-                f"RESULT source: nsq {nsq_rate:,.0f} rows/s, no-op {noop_rate:,.0f} rows/s "
-                f"(mean of {', '.join(f'{r:,.0f}' for r in noop_rates)}), ratio {ratio:.2f}"
+                f"RESULT source: nsq {rates['nsq']:,.0f} rows/s, no-op {noop_rate:,.0f} rows/s "
+                f"(mean of {rates['noop']:,.0f}, {rates['noop-again']:,.0f}), "
+                f"ratio {rates['nsq'] / noop_rate:.2f}"
+            )
+            print(
+                f"RESULT source, same schema: no-op with the nsq columns "
+                f"{rates['noop-nsq-schema']:,.0f} rows/s, "
+                f"ratio {rates['nsq'] / rates['noop-nsq-schema']:.2f}"
+            )
+            print(
+                f"RESULT source, schema id and body: nsq {rates['nsq-id-body']:,.0f} rows/s, "
+                f"ratio {rates['nsq-id-body'] / noop_rate:.2f}"
             )
 
         if not args.skip_sink:
-            topic = f"bench_sink_{stamp}"
-            http_post(f"http://{http}/topic/create?topic={topic}")
-            http_post(f"http://{http}/channel/create?topic={topic}&channel=check")
-            bodies = (
-                spark.range(n, numPartitions=2)
-                .selectExpr(f"rpad(format_string('%012d', id), {size}, '.') AS body")
-                .cache()
-            )
-            bodies.count()
-            started = time.monotonic()
-            bodies.write.format("nsq").mode("append").option("nsqdTCPAddresses", tcp).option(
-                "topic", topic
-            ).save()
-            took = time.monotonic() - started
-            bodies.unpersist()
-            count = topic_stats(http, topic).get("message_count", 0)
-            status = "OK" if count == n else f"MISMATCH ({count:,} published)"
-            print(
-                f"dataframe -> sink (batch): {n:,} msgs in {took:.1f}s = {n / took:,.0f} msgs/s "
-                f"[{status}]"
-            )
-            # Streaming: the no-op source into the sink; the topic now holds 2n when all is well.
-            started = time.monotonic()
-            query = (
-                noop_df()
-                .writeStream.format("nsq")
-                .option("nsqdTCPAddresses", tcp)
-                .option("topic", topic)
-                .option("checkpointLocation", os.path.join(work, "ckpt-sink"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            wall = time.monotonic() - started
-            rate, rows, batches = steady_rate(query, "sink")
-            count = topic_stats(http, topic).get("message_count", 0) - n
-            status = "OK" if count == n else f"MISMATCH ({count:,} published)"
-            print(
-                f"no-op -> sink (streaming): steady {rate:,.0f} msgs/s ({rows:,} in {batches} "
-                f"batches after the first); {n:,} in {wall:.1f}s wall incl. start-up [{status}]"
-            )
-            print(f"[{load_line()}]")
+            nsqd_pid = nsqd.pid if nsqd is not None else None
+            sink(spark, noop_df, nsqd_pid, (tcp, http), work, n, size, args.sink_rounds)
         spark.stop()
     finally:
         if nsqd is not None:

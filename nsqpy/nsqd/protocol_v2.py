@@ -220,8 +220,47 @@ class ClientV2(asyncio.Protocol):
             data = self._filter_input(data)
             if not data:
                 return
+        if self._authd is None:
+            publish = parser.take_publish(data)
+            if publish is not None:
+                self._publish_one(*publish)
+                return
         parser.feed(data)
         self._run_commands(parser)
+
+    def _publish_one(self, is_mpub: bool, topic: bytes, body: bytes) -> None:
+        """A read that is exactly one PUB or MPUB of one message (CommandParser.take_publish):
+        what _run_commands does with it, without the general parse. When the OK is all
+        there is to send, it is written at once, without the flush rules' checks."""
+        self._in_batch = True
+        try:
+            if is_mpub:
+                self._publish("MPUB", "E_MPUB_FAILED", topic, [body])
+            else:
+                self._publish("PUB", "E_PUB_FAILED", topic, [body])
+        except ProtocolError as err:
+            self._in_batch = False
+            self._fail(err)  # fatal: the connection closes
+            return
+        finally:
+            self._in_batch = False
+        failed = self.nsqd.flush_touched()
+        out = self._out
+        if (
+            len(out) == 1  # the OK: nothing was pending, nothing delivered to this client
+            and failed is None
+            and not self._held_syncs
+            and self._encoder is None
+            and self.nsqd.opts.sync_every != 1
+        ):
+            self._out = []
+            self._respond_now = False
+            self._published = None
+            assert self.transport is not None
+            self.transport.write(out[0])
+            return
+        if self._acknowledge(failed) and self._out:
+            self._apply_flush_rules()
 
     def _run_commands(self, parser: CommandParser) -> None:
         """Handle every complete command buffered, then apply the batch's effects."""
@@ -498,32 +537,47 @@ class ClientV2(asyncio.Protocol):
         """Consumer interface: queue message frames, then apply the flush rules."""
         if self._closed:
             return
-        self._out.extend(frames)
+        self._out += frames
         self._out_bytes += sum(map(len, frames))
-        if not self._in_batch:
-            self._apply_flush_rules()
+        if self._in_batch or (
+            # buffered, the flush timer armed, and none of the flush rules met (the common
+            # case of a consumer with RDY to spare): _apply_flush_rules would do nothing
+            self._flush_timer is not None
+            and self._out_bytes < self.output_buffer_size
+            and len(self.in_flight) < self.ready_count
+            and not self._respond_now
+        ):
+            return
+        self._apply_flush_rules()
 
     def _end_batch(self) -> None:
         if self._want_dispatch:
             self._want_dispatch = False
             if self.channel is not None and self.state == STATE_SUBSCRIBED:
                 self.channel.dispatch()
-        if self._published:
-            failed = self.nsqd.flush_touched()
-            if failed is not None:
-                # Nothing of this batch is acknowledged: the disk refused the write.
-                code, cmd = self._published
-                text = f"{code} {cmd} failed {failed}"
-                self._out = [encode_error(text)]
-                self._respond_now = True
-                self.nsqd.logger.error(f"[{self}] - {text}")
-                self._close_after_flush()
-                return
-            self._published = None
-            if self.nsqd.opts.sync_every == 1:
-                self._hold_for_sync()
+        if self._published and not self._acknowledge(self.nsqd.flush_touched()):
+            return
         if self._out:
             self._apply_flush_rules()
+
+    def _acknowledge(self, failed: str | None) -> bool:
+        """The batch's publishes are queued and ``failed`` is what flush_touched said of
+        their disk writes: let the replies go (after the fsync with --sync-every=1), or
+        fail them all and close (False)."""
+        assert self._published is not None
+        if failed is not None:
+            # Nothing of this batch is acknowledged: the disk refused the write.
+            code, cmd = self._published
+            text = f"{code} {cmd} failed {failed}"
+            self._out = [encode_error(text)]
+            self._respond_now = True
+            self.nsqd.logger.error(f"[{self}] - {text}")
+            self._close_after_flush()
+            return False
+        self._published = None
+        if self.nsqd.opts.sync_every == 1:
+            self._hold_for_sync()
+        return True
 
     def _hold_for_sync(self) -> None:
         """--sync-every=1: what this batch published is acknowledged once it is on disk.

@@ -250,6 +250,9 @@ class TLSRequiredParser(CommandParser):
 
     __slots__ = ()
 
+    def take_publish(self, data: bytes) -> tuple[bool, bytes, bytes] | None:
+        return None  # a PUB is refused here: next_command says so
+
     def next_command(self) -> Command | None:
         # Only at a command boundary: not while a body (IDENTIFY's) is being waited for.
         if not self._need and self._mpub is None:

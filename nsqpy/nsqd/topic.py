@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from nsqpy.nsqd.backend import BackendError, BackendQueue
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.message import (
-    HEX3,
     Entry,
     Message,
     Run,
@@ -112,10 +111,9 @@ class Topic:
             payload, count = bodies
             entries = list(new_runs(payload, count, time.time_ns(), self._ids.new_spans(count)))
             size = len(payload) - 4 * count
-        elif len(bodies) == 1:  # PUB, MPUB of one: one tuple, its ID without new_ids' lists
+        elif len(bodies) == 1:  # a PUB (or MPUB of one): one tuple, not the zip machinery
             count = 1
-            prefix, seq, _ = self._ids.new_spans(1)[0]
-            entries = [(prefix + HEX3[seq], time.time_ns(), 0, bodies[0])]
+            entries = [(self._ids.new_id(), time.time_ns(), 0, bodies[0])]
             size = len(bodies[0])
         else:
             count = len(bodies)

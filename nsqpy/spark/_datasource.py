@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -12,7 +14,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from nsqpy.spark._options import SinkOptions, SourceOptions
-from nsqpy.spark._schema import SCHEMA
+from nsqpy.spark._schema import SCHEMA, columns_of
 from nsqpy.spark._sink import NSQBatchWriter, NSQStreamWriter, check_sink_schema
 from nsqpy.spark._source import NSQBatchReader, NSQStreamReader
 
@@ -31,7 +33,8 @@ class NSQDataSource(DataSource):
               .load())
 
     Rows: ``id`` string, ``timestamp`` timestamp, ``attempts`` int, ``body`` binary, ``topic``,
-    ``channel`` and ``nsqd`` strings. Writes publish the ``body`` column (binary or string).
+    ``channel`` and ``nsqd`` strings; ``.schema("id string, body binary")`` (any subset, any
+    order) reads only those columns. Writes publish the ``body`` column (binary or string).
     See docs/SPARK.md for every option and the guarantees.
     """
 
@@ -43,10 +46,16 @@ class NSQDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return NSQBatchReader(SourceOptions.parse(self.options, streaming=False))
+        return NSQBatchReader(self._source_options(schema, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return NSQStreamReader(SourceOptions.parse(self.options, streaming=True))
+        return NSQStreamReader(self._source_options(schema, streaming=True))
+
+    def _source_options(self, schema: StructType, *, streaming: bool) -> SourceOptions:
+        """The options, and the columns of ``schema``: a user-given ``.schema(...)`` may name
+        any subset of the source's columns, and only those are built and handed to Spark."""
+        options = SourceOptions.parse(self.options, streaming=streaming)
+        return dataclasses.replace(options, columns=columns_of(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         _check_mode(overwrite)

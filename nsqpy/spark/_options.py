@@ -148,6 +148,9 @@ class SourceOptions:
     fsync: bool
     wal_segment_rows: int
     test_crash_after_wal: tuple[int, int] | None
+    # The columns a read produces, from the schema Spark passes (the user's subset of the
+    # source's columns, see _schema.columns_of); None: all of them.
+    columns: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:

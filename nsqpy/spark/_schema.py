@@ -18,7 +18,16 @@ from pyspark.sql.types import (
 
 from nsqpy.spark._conn import Columns
 
-__all__ = ["ARROW_SCHEMA", "SCHEMA", "SEGMENT_SCHEMA", "to_record_batch", "with_constants"]
+__all__ = [
+    "ARROW_SCHEMA",
+    "COLUMNS",
+    "SCHEMA",
+    "SEGMENT_SCHEMA",
+    "columns_of",
+    "to_record_batch",
+    "to_segment",
+    "with_constants",
+]
 
 SCHEMA: Final = StructType(
     [
@@ -50,25 +59,76 @@ ARROW_SCHEMA: Final[Any] = pa.schema(
 SEGMENT_SCHEMA: Final[Any] = pa.schema(list(ARROW_SCHEMA)[:4])
 
 
-def with_constants(segment: Any, topic: str, channel: str, nsqd: str) -> Any:
-    """A segment's batch (:data:`SEGMENT_SCHEMA`) as a batch of :data:`ARROW_SCHEMA`."""
-    if segment.num_columns == len(ARROW_SCHEMA):  # a segment written with every column
-        return segment
+COLUMNS: Final = tuple(SCHEMA.names)
+_SEGMENT_COLUMNS: Final = frozenset(SEGMENT_SCHEMA.names)
+
+
+def columns_of(schema: StructType) -> tuple[str, ...] | None:
+    """The columns a read produces: those of ``schema``, in its order (None: all, in the
+    source's order).
+
+    Spark passes the source's own :data:`SCHEMA`, or the schema the user gave with
+    ``.schema(...)``: any subset of its columns, with their types, in any order. The Python Data
+    Source API has no column pruning, so this is how a query that needs only some columns keeps
+    Spark from converting and writing the others (see docs/SPARK.md, "Performance").
+    """
+    known = {f.name: f.dataType for f in SCHEMA.fields}
+    names = tuple(schema.names)
+    if not names:
+        raise ValueError(f"the nsq source needs at least one column of: {', '.join(COLUMNS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"the nsq source's schema repeats a column: {', '.join(names)}")
+    for field in schema.fields:
+        expected = known.get(field.name)
+        if expected is None:
+            raise ValueError(
+                f"the nsq source has no column {field.name!r}; its columns are "
+                f"{', '.join(f'{n} {t.simpleString()}' for n, t in known.items())}"
+            )
+        if field.dataType != expected:
+            raise ValueError(
+                f"column {field.name!r} of the nsq source is {expected.simpleString()}, "
+                f"not {field.dataType.simpleString()}"
+            )
+    return None if names == COLUMNS else names
+
+
+_OUTPUT_SCHEMAS: dict[tuple[str, ...], Any] = {COLUMNS: ARROW_SCHEMA}
+
+
+def with_constants(
+    segment: Any, topic: str, channel: str, nsqd: str, columns: tuple[str, ...] | None = None
+) -> Any:
+    """A segment's batch (:data:`SEGMENT_SCHEMA`) as a batch of ``columns`` (None: all of
+    :data:`ARROW_SCHEMA`'s): topic, channel and nsqd are added only if asked for."""
+    if columns is None:
+        columns = COLUMNS
+    if columns == COLUMNS and segment.num_columns == len(ARROW_SCHEMA):
+        return segment  # a segment written with every column
+    schema = _OUTPUT_SCHEMAS.get(columns)
+    if schema is None:
+        schema = _OUTPUT_SCHEMAS[columns] = pa.schema([ARROW_SCHEMA.field(c) for c in columns])
     n = segment.num_rows
+    constants = {"topic": topic, "channel": channel, "nsqd": nsqd}
     return pa.RecordBatch.from_arrays(
         [
-            *segment.columns,
-            pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.repeat(pa.scalar(channel, pa.string()), n),
-            pa.repeat(pa.scalar(nsqd, pa.string()), n),
+            segment.column(c)
+            if c in _SEGMENT_COLUMNS
+            else pa.repeat(pa.scalar(constants[c], pa.string()), n)
+            for c in columns
         ],
-        schema=ARROW_SCHEMA,
+        schema=schema,
     )
 
 
 def to_record_batch(cols: Columns, topic: str, channel: str, nsqd: str) -> Any:
-    """The kept messages as one ``pyarrow.RecordBatch`` of :data:`ARROW_SCHEMA`, built from
-    the column buffers (no per-message objects).
+    """The kept messages as one ``pyarrow.RecordBatch`` of :data:`ARROW_SCHEMA`."""
+    return with_constants(to_segment(cols), topic, channel, nsqd)
+
+
+def to_segment(cols: Columns) -> Any:
+    """The kept messages as one ``pyarrow.RecordBatch`` of :data:`SEGMENT_SCHEMA` (what the log
+    stores), built from the column buffers (no per-message objects).
 
     NSQ timestamps are nanoseconds since the epoch; Spark's are microseconds.
     """
@@ -86,7 +146,6 @@ def to_record_batch(cols: Columns, topic: str, channel: str, nsqd: str) -> Any:
         bodies = cols.bodies[0]
     else:
         bodies = pa.concat_arrays(cols.bodies) if cols.bodies else pa.array([], pa.binary())
-    segment = pa.RecordBatch.from_arrays(
+    return pa.RecordBatch.from_arrays(
         [ids, timestamps, attempts.cast(pa.int32()), bodies], schema=SEGMENT_SCHEMA
     )
-    return with_constants(segment, topic, channel, nsqd)

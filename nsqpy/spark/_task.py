@@ -41,7 +41,7 @@ from typing import Any, Final
 from nsqpy.spark._conn import Columns, ConsumerConnection, NSQConnectionError, split_ids
 from nsqpy.spark._offsets import PartitionPlan
 from nsqpy.spark._options import SourceOptions
-from nsqpy.spark._schema import to_record_batch
+from nsqpy.spark._schema import to_segment, with_constants
 from nsqpy.spark._wal import WAL, UnconfirmedKey
 
 __all__ = ["SealLostError", "read_partition"]
@@ -65,7 +65,7 @@ def read_partition(plan: PartitionPlan, options: SourceOptions) -> Iterator[Any]
     pdir = wal.partition_dir(plan.run, plan.batch, plan.index)
     seal = wal.read_seal(pdir)
     if seal is not None:
-        yield from wal.replay(pdir, seal, plan.topic, plan.channel)
+        yield from wal.replay(pdir, seal, plan.topic, plan.channel, options.columns)
         return
     task = _PartitionRead(plan, options, wal, pdir)
     try:
@@ -256,8 +256,9 @@ class _PartitionRead:
     def _segment(self, cols: Columns) -> Iterator[Any]:
         """Make ``cols`` a durable segment, then hand its rows to Spark."""
         plan = self.plan
-        batch = to_record_batch(cols, plan.topic, plan.channel, plan.nsqd)
-        self.segments.append(self.wal.write_segment(self.pdir, batch))
+        segment = to_segment(cols)
+        self.segments.append(self.wal.write_segment(self.pdir, segment))
+        batch = with_constants(segment, plan.topic, plan.channel, plan.nsqd, self.options.columns)
         self.rows += batch.num_rows
         for start in range(0, batch.num_rows, OUTPUT_ROWS):
             yield batch.slice(start, OUTPUT_ROWS)

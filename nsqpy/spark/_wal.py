@@ -95,8 +95,9 @@ class WAL:
             os.close(fd)
 
     def write_segment(self, pdir: str, batch: Any) -> str:
-        """Write ``batch`` (:data:`~nsqpy.spark._schema.ARROW_SCHEMA`) as a new segment of the
-        partition, straight from its Arrow buffers to the file; returns its file name."""
+        """Write ``batch`` (:data:`~nsqpy.spark._schema.SEGMENT_SCHEMA`, or ``ARROW_SCHEMA``'s
+        first columns) as a new segment of the partition, straight from its Arrow buffers to
+        the file; returns its file name."""
         os.makedirs(pdir, exist_ok=True)
         name = f"seg-{uuid.uuid4().hex}.arrow"
         tmp = os.path.join(pdir, f".{name}.tmp")
@@ -142,10 +143,17 @@ class WAL:
         segments = tuple(str(s) for s in data.get("segments") or ())
         return Seal(segments, int(data.get("rows", 0)), str(data.get("nsqd", "")))
 
-    def replay(self, pdir: str, seal: Seal, topic: str, channel: str) -> Iterator[Any]:
-        """The sealed rows of a partition, exactly as first read."""
+    def replay(
+        self,
+        pdir: str,
+        seal: Seal,
+        topic: str,
+        channel: str,
+        columns: tuple[str, ...] | None = None,
+    ) -> Iterator[Any]:
+        """The sealed rows of a partition, exactly as first read (``columns`` of them)."""
         for batch in self._segments(pdir, seal):
-            yield with_constants(batch, topic, channel, seal.nsqd)
+            yield with_constants(batch, topic, channel, seal.nsqd, columns)
 
     def _segments(self, pdir: str, seal: Seal) -> Iterator[Any]:
         for segment in seal.segments:

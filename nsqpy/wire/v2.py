@@ -21,7 +21,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeAlias
 
-from nsqpy.wire.names import go_quote, is_valid_topic_name
+from nsqpy.wire.names import MAX_NAME_LENGTH, go_quote, is_valid_topic_name
 
 MAGIC_V2: Final = b"  V2"
 
@@ -131,6 +131,7 @@ class CommandParser:
         "_pending_len",
         "_pos",
         "_short",
+        "_valid_topic",
         "max_body_size",
         "max_msg_size",
         "max_req_timeout_ms",
@@ -155,6 +156,8 @@ class CommandParser:
         # (a piece per buffer they came in) or their bodies when split, messages read,
         # count, split).
         self._mpub: tuple[list[bytes], list[bytes], int, int, bool] | None = None
+        # The topic name take_publish last found valid.
+        self._valid_topic = b""
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
@@ -237,6 +240,42 @@ class CommandParser:
             return None
         self._pos = last
         return [block[i + 4 : i + 20] for i in range(0, size, 21)]
+
+    def take_publish(self, data: bytes) -> tuple[bool, bytes, bytes] | None:
+        """``(is_mpub, topic, body)`` if nothing is buffered and ``data`` is exactly one
+        well-formed ``PUB`` or one-message ``MPUB``; else ``None``, nothing consumed, and
+        ``data`` is to be fed as usual (which finds any error in it).
+
+        A producer waiting for each OK sends exactly that, one command per read: this
+        checks it with a few compares instead of the general parse.
+        """
+        if self._pos < len(self._buf) or self._pending or self._mpub is not None:
+            return None
+        if data.startswith(b"MPUB "):
+            is_mpub, first = True, 5
+        elif data.startswith(b"PUB "):
+            is_mpub, first = False, 4
+        else:
+            return None
+        nl = data.find(b"\n", first, first + MAX_NAME_LENGTH + 1)
+        # the body follows the line and, for MPUB, the body size, count and message size
+        start = nl + 13 if is_mpub else nl + 5
+        if nl < 0 or len(data) <= start:
+            return None
+        (size,) = _INT32.unpack_from(data, start - 4)
+        if len(data) != start + size or size > self.max_msg_size:  # size > 0: len > start
+            return None
+        topic = data[first:nl]
+        if topic != self._valid_topic:
+            # a space (more parameters) or a "\r" makes the name invalid: the general path
+            if not is_valid_topic_name(wire_str(topic)):
+                return None
+            self._valid_topic = topic
+        if is_mpub:
+            body_size, count = _FRAME_HEADER.unpack_from(data, nl + 1)
+            if count != 1 or not 0 < body_size <= self.max_body_size or self.max_body_size < 9:
+                return None
+        return (is_mpub, topic, data[start:])
 
     # -- commands with a body ---------------------------------------------------------
 

@@ -248,3 +248,48 @@ def test_stream_without_depth(spark: Any, cluster: Cluster, topic: str, tmp_path
     assert query.awaitTermination(180)
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
+
+
+def test_user_schema_reads_only_its_columns(
+    spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """``.schema(...)`` with a subset of the source's columns, in another order: only those are
+    built and handed to Spark, in batch and streaming reads; other schemas are refused."""
+    n = 3000
+    create_channel(cluster.http(), topic, "spark")
+    create_channel(cluster.http(), topic, "batch")
+    publish(cluster.tcp(), topic, numbered(n))
+
+    def load(read: Any, schema: str, channel: str, **options: object) -> Any:
+        reader = (
+            read.format("nsq")
+            .schema(schema)
+            .option("nsqdTCPAddresses", cluster.tcp())
+            .option("topic", topic)
+            .option("channel", channel)
+            .option("walLocation", str(tmp_path / f"wal-{channel}"))
+        )
+        for key, value in options.items():
+            reader = reader.option(key, str(value))
+        return reader.load()
+
+    rows = load(spark.read, "body binary, nsqd string, id string", "batch", idleTimeout="2s")
+    rows = rows.collect()
+    assert len(rows) == n and list(rows[0].asDict()) == ["body", "nsqd", "id"]
+    assert {r["body"] for r in rows} == set(numbered(n))
+    assert {r["nsqd"] for r in rows} == {cluster.tcp()} and len({r["id"] for r in rows}) == n
+
+    df = load(spark.readStream, "id string, body binary", "spark", maxMessagesPerTrigger=1000)
+    query = to_parquet(df, tmp_path, availableNow=True)
+    assert query.awaitTermination(180), "the AvailableNow query did not stop"
+    out = spark.read.parquet(str(tmp_path / "out"))
+    assert out.columns == ["id", "body"]
+    assert (out.count(), out.select("id").distinct().count()) == (n, n)
+    assert drained(cluster.http(), topic, "spark")
+
+    for schema, error in (
+        ("id string, offset long", "has no column 'offset'"),
+        ("id string, attempts long", "column 'attempts' of the nsq source is int, not bigint"),
+    ):
+        with pytest.raises(Exception, match=error):
+            load(spark.read, schema, "batch").collect()

@@ -7,8 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
 from nsqpy.spark._conn import Columns
-from nsqpy.spark._schema import ARROW_SCHEMA, to_record_batch
+from nsqpy.spark._schema import ARROW_SCHEMA, SCHEMA, columns_of, to_record_batch
 from nsqpy.spark._wal import WAL
 
 
@@ -97,3 +100,39 @@ def test_empty_seal(tmp_path: Path) -> None:
     seal = wal.read_seal(pdir)
     assert seal is not None and list(wal.replay(pdir, seal, "t", "c")) == []
     assert wal.unconfirmed() == set()
+
+
+def _struct(*fields: tuple[str, Any]) -> StructType:
+    return StructType([StructField(name, kind) for name, kind in fields])
+
+
+def test_columns_of_a_user_schema() -> None:
+    assert columns_of(SCHEMA) is None  # the source's own: every column
+    assert columns_of(_struct(("body", BinaryType()), ("id", StringType()))) == ("body", "id")
+    for schema, error in (
+        (_struct(("id", StringType()), ("key", StringType())), "has no column 'key'"),
+        (
+            _struct(
+                ("body", StringType()),
+            ),
+            "column 'body' of the nsq source is binary, not string",
+        ),
+        (_struct(("id", StringType()), ("id", StringType())), "repeats a column"),
+        (StructType([]), "at least one column"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            columns_of(schema)
+
+
+def test_segment_replay_with_columns(tmp_path: Path) -> None:
+    wal = WAL(str(tmp_path))
+    pdir = wal.partition_dir("r", 1, 0)
+    ids = _ids(3)
+    assert wal.seal(pdir, [wal.write_segment(pdir, _batch(ids))], 3, "n:1")
+    seal = wal.read_seal(pdir)
+    assert seal is not None
+    (batch,) = wal.replay(pdir, seal, "t", "c", ("nsqd", "body", "id"))
+    assert batch.schema.names == ["nsqd", "body", "id"]
+    assert batch.column("id").to_pylist() == [i.decode() for i in ids]
+    assert batch.column("nsqd").to_pylist() == ["n:1"] * 3
+    assert batch.column("body").to_pylist() == [b"body-0", b"body-1", b"body-2"]

@@ -167,8 +167,12 @@ def test_valid_streams_parse_bytewise(stream: list[tuple[bytes, Command]]) -> No
 
 @st.composite
 def mutated(draw: st.DrawFn) -> bytes:
-    raw = bytearray(b"".join(b for b, _ in draw(STREAMS)))
-    for _ in range(draw(st.integers(1, 4))):
+    return mutate(draw, b"".join(b for b, _ in draw(STREAMS)), 1)
+
+
+def mutate(draw: st.DrawFn, data: bytes, least: int) -> bytes:
+    raw = bytearray(data)
+    for _ in range(draw(st.integers(least, 4))):
         op = draw(st.integers(0, 4))
         pos = draw(st.integers(0, len(raw)))
         if op == 0 and raw:  # bit flip
@@ -224,6 +228,58 @@ def test_random_bytes_bytewise(raw: bytes, state: int) -> None:
 def test_body_commands_with_random_bodies(prefix: bytes, tail: bytes) -> None:
     whole = run(prefix + tail, [])
     assert run(prefix + tail, list(range(len(prefix + tail)))) == whole
+
+
+# -- the one-publish fast path ---------------------------------------------------------------------------
+
+
+@st.composite
+def publishes(draw: st.DrawFn) -> bytes:
+    """A PUB or an MPUB of one or two messages, perhaps mutated."""
+    topic = draw(NAMES).encode()
+    bodies = draw(st.lists(BODIES, min_size=1, max_size=2))
+    if draw(st.booleans()) and len(bodies) == 1:
+        raw = b"PUB " + topic + b"\n" + i32(len(bodies[0])) + bodies[0]
+    else:
+        payload = i32(len(bodies)) + b"".join(i32(len(b)) + b for b in bodies)
+        raw = b"MPUB " + topic + b"\n" + i32(len(payload)) + payload
+    return mutate(draw, raw, 0)
+
+
+@FUZZ
+@given(publishes(), st.booleans(), STATES)
+def test_take_publish_agrees_with_the_general_parse(raw: bytes, warm: bool, state: int) -> None:
+    """take_publish takes a read only if the general parse finds exactly that one command
+    in it, and leaves the parser untouched otherwise."""
+    p = new_parser(state)
+    if warm:  # a topic found valid before (the cached name)
+        assert p.take_publish(b"PUB t\n" + i32(1) + b"x") == (False, b"t", b"x")
+    whole = run(raw, [], state)
+    taken = p.take_publish(raw)
+    if taken is not None:
+        is_mpub, topic, body = taken
+        command = ([b"MPUB", topic], [body]) if is_mpub else ([b"PUB", topic], body)
+        assert whole == ([command], None)
+        return
+    commands: list[Command] = []
+    try:
+        p.feed(raw)
+        while (cmd := p.next_command()) is not None:
+            commands.append(cmd)
+    except ProtocolError as err:
+        assert (commands, f"P:{err.text}") == whole
+    except ConnectionFailure as err:
+        assert (commands, f"C:{err}") == whole
+    else:
+        assert (commands, None) == whole
+
+
+def test_take_publish_only_between_commands() -> None:
+    pub = b"PUB t\n" + i32(1) + b"x"
+    p = new_parser()
+    p.feed(pub[:3])
+    assert p.next_command() is None
+    assert p.take_publish(pub) is None  # the bytes continue a command already begun
 
 
 # -- frames ----------------------------------------------------------------------------------------------
