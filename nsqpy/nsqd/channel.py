@@ -258,9 +258,13 @@ class Channel:
             self._dispatch_pass(0)
             return
         while True:
-            ready = sum(1 for c in clients if c.ready_count > len(c.in_flight))
             queued = self._depth + self._backend.depth()
-            if not ready or not queued:
+            if queued <= 1:  # none, or one (a PUB): the next consumer with room takes it
+                if queued:
+                    self._dispatch_pass(0)
+                return
+            ready = sum(1 for c in clients if c.ready_count > len(c.in_flight))
+            if not ready:
                 return
             share = -(-queued // ready) if ready > 1 else 0
             if not self._dispatch_pass(share) or not share:
