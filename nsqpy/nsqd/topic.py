@@ -120,12 +120,7 @@ class Topic:
             ids = self._ids.new_ids(count)
             entries = list(zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False))
             size = sum(map(len, bodies))
-        if self._flowing:
-            self._put_channels(entries, count)
-        else:
-            self._put_backlog(entries, count)
-        self.message_count += count
-        self.message_bytes += size
+        self._queue(entries, count, size)
         return count
 
     def put_copies(self, copies: list[tuple[int, bytes]]) -> None:
@@ -135,12 +130,16 @@ class Topic:
             raise BackendError("exiting")
         ids = self._ids.new_ids(len(copies))
         msgs: list[Entry] = [(i, ts, 0, body) for i, (ts, body) in zip(ids, copies, strict=True)]
+        self._queue(msgs, len(msgs), sum(len(body) for _, body in copies))
+
+    def _queue(self, entries: list[Entry], count: int, size: int) -> None:
+        """Into the channels if they flow, else the topic's backlog; then count them."""
         if self._flowing:
-            self._put_channels(msgs, len(msgs))
+            self._put_channels(entries, count)
         else:
-            self._put_backlog(msgs, len(msgs))
-        self.message_count += len(msgs)
-        self.message_bytes += sum(len(body) for _, body in copies)
+            self._put_backlog(entries, count)
+        self.message_count += count
+        self.message_bytes += size
 
     def _put_channels(self, entries: list[Entry], count: int) -> None:
         """Copy to every channel, all or nothing: if one refuses (a disk error), the
