@@ -5,9 +5,11 @@ A fresh read, in order::
     IDENTIFY, SUB, RDY             ceil(quota / max RDY) connections, RDYs summing to the quota
     repeat:                        until the quota, idleTimeout or readBudget
         collect a chunk            (walSegmentRows messages)
-        write it as a segment      Arrow IPC, fsync, rename: durable, nothing FIN'd yet
-        hand its rows to Spark     Spark turns them into its own output meanwhile
+        write it as a segment      Arrow IPC, fsync, rename, on a writer thread: the task
+                                   meanwhile reads on and Spark turns the rows into its output
+        hand its rows to Spark     nothing is FIN'd yet
     CLS -> CLOSE_WAIT              nsqd stops delivering; late arrivals form a last segment
+    wait for the writer            every segment durable (a failed write fails the task)
     SEALED (link)                  the partition is decided: exactly these segments
     FIN every id, half-close, EOF  on the receiving connection; EOF proves nsqd applied them
     FINNED                         else the ids stay "unconfirmed" and are deduped later
@@ -17,6 +19,8 @@ Why this is safe:
 * RDY caps in-flight messages and nothing is FIN'd before the seal, so a task never holds more
   than its quota, and a crash before the seal loses nothing: the messages time out in nsqd and
   come back (and Spark discards a failed task's output).
+* Rows reach Spark before their segment is durable, but Spark uses a task's output only if
+  the task succeeds, and it cannot succeed before the seal, which waits for every segment.
 * A crash after the seal loses nothing either: the retry, or the restart, replays the sealed
   segments (byte for byte), and the redeliveries of the unconfirmed FINs are dropped.
 * An attempt that finds the partition sealed by another attempt (speculation, a zombie)
@@ -32,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import selectors
 import threading
 import time
@@ -51,6 +56,7 @@ log = logging.getLogger("nsqpy.spark")
 OUTPUT_ROWS: Final = 10_000  # rows per RecordBatch handed to Spark (its default Arrow batch)
 _RELOAD_INTERVAL: Final = 1.0
 _KEEPALIVE: Final = 15.0  # half of nsqd's default heartbeat interval
+_WRITE_AHEAD: Final = 2  # segments waiting for the writer thread before the task waits
 
 
 class SealLostError(RuntimeError):
@@ -123,6 +129,50 @@ class _Keepalive(threading.Thread):
             self.join()
 
 
+class _SegmentWriter(threading.Thread):
+    """Writes a read task's segments, in order, off the task's thread: Arrow's file write and
+    fsync release the GIL, so the task reads nsqd and feeds Spark while the disk works."""
+
+    def __init__(self, wal: WAL, pdir: str) -> None:
+        super().__init__(name="nsq-wal-writer", daemon=True)
+        self._wal = wal
+        self._pdir = pdir
+        self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(maxsize=_WRITE_AHEAD)
+        self._error: BaseException | None = None
+        self._done = False
+
+    def submit(self, segment: Any) -> str:
+        """Queue ``segment`` (waits while the writer is ``_WRITE_AHEAD`` behind); returns the
+        file name it will have. Raises if an earlier write failed."""
+        self._raise_failure()
+        name = self._wal.new_segment_name()
+        self._queue.put((name, segment))
+        return name
+
+    def run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._wal.write_segment(self._pdir, item[1], item[0])
+                except Exception as err:  # re-raised on the task's thread
+                    self._error = err
+
+    def drain(self) -> None:
+        """Wait until every submitted segment is durable; raises the first failed write."""
+        self.stop()
+        self._raise_failure()
+
+    def stop(self) -> None:
+        if not self._done:
+            self._done = True
+            self._queue.put(None)
+            self.join()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise OSError(f"writing the log in {self._pdir} failed: {self._error}")
+
+
 def _confirm_finish(
     conns: list[ConsumerConnection], wal: WAL, pdir: str, dedupe: _Dedupe, timeout: float
 ) -> None:
@@ -168,6 +218,7 @@ class _PartitionRead:
         self.conns: list[ConsumerConnection] = []
         self.opened: list[ConsumerConnection] = []  # every connection, for the log line
         self.segments: list[str] = []
+        self.writer = _SegmentWriter(wal, pdir)
         self.rows = 0
         self.msg_timeout = 60.0
         self.started = time.monotonic()
@@ -186,9 +237,17 @@ class _PartitionRead:
             return
         keepalive = _Keepalive(self.conns, self.msg_timeout)
         keepalive.start()
+        self.writer.start()
         try:
-            yield from self._collect()
-            yield from self._stop_delivery()
+            try:
+                yield from self._collect()
+                yield from self._stop_delivery()
+                self.writer.drain()
+            except Exception:
+                # Nothing is sealed, so nothing of this attempt counts: give the messages back
+                # now rather than at their timeout (msg_timeout, 60 s by default).
+                self._requeue_all()
+                raise
             won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd)
         finally:
             keepalive.stop()
@@ -206,6 +265,8 @@ class _PartitionRead:
 
     def close(self) -> None:
         plan = self.plan
+        if self.writer.is_alive():  # the task failed: its unsealed segments are garbage
+            self.writer.stop()
         self.close_connections()
         log.info(
             "nsq read: run=%s batch=%d partition=%d nsqd=%s quota=%d rows=%d dropped=%d %.0fms",
@@ -254,10 +315,10 @@ class _PartitionRead:
             connect(base + (1 if j < extra else 0))
 
     def _segment(self, cols: Columns) -> Iterator[Any]:
-        """Make ``cols`` a durable segment, then hand its rows to Spark."""
+        """Queue ``cols`` as a segment for the writer, and hand its rows to Spark."""
         plan = self.plan
         segment = to_segment(cols)
-        self.segments.append(self.wal.write_segment(self.pdir, segment))
+        self.segments.append(self.writer.submit(segment))
         batch = with_constants(segment, plan.topic, plan.channel, plan.nsqd, self.options.columns)
         self.rows += batch.num_rows
         for start in range(0, batch.num_rows, OUTPUT_ROWS):

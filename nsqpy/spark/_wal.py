@@ -94,12 +94,17 @@ class WAL:
         finally:
             os.close(fd)
 
-    def write_segment(self, pdir: str, batch: Any) -> str:
+    @staticmethod
+    def new_segment_name() -> str:
+        return f"seg-{uuid.uuid4().hex}.arrow"
+
+    def write_segment(self, pdir: str, batch: Any, name: str | None = None) -> str:
         """Write ``batch`` (:data:`~nsqpy.spark._schema.SEGMENT_SCHEMA`, or ``ARROW_SCHEMA``'s
-        first columns) as a new segment of the partition, straight from its Arrow buffers to
-        the file; returns its file name."""
+        first columns) as a new segment of the partition (named ``name``, or a new name),
+        straight from its Arrow buffers to the file; returns its file name."""
         os.makedirs(pdir, exist_ok=True)
-        name = f"seg-{uuid.uuid4().hex}.arrow"
+        if name is None:
+            name = self.new_segment_name()
         tmp = os.path.join(pdir, f".{name}.tmp")
         segment = pa.RecordBatch.from_arrays(batch.columns[:4], schema=SEGMENT_SCHEMA)
         with open(tmp, "wb") as f:

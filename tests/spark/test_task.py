@@ -245,3 +245,37 @@ def test_attempt_that_loses_the_seal_fails_and_requeues(
         10,
     )
     assert channel_stats(cluster.http(), topic, "c")["in_flight_count"] == 0
+
+
+def test_failed_log_write_fails_the_task_and_seals_nothing(
+    cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """Segments are written on a writer thread while the task reads on: a write that fails (a
+    real one: the file size limit, RLIMIT_FSIZE, makes write() fail with EFBIG) fails the task
+    before the seal, and nsqd gets every message back."""
+    import resource
+    import signal
+
+    create_channel(cluster.http(), topic, "c")
+    publish(cluster.tcp(), topic, numbered(200, size=2000))
+    options = _options(cluster, topic, tmp_path, walSegmentRows="50")  # ~100 KB segments
+    plan = PartitionPlan("r", 1, 0, cluster.tcp(), 200, topic, "c")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(OSError, match=r"writing the log in .* failed: .*File too large"):
+            for _ in read_partition(plan, options):
+                pass
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    pdir = WAL(str(tmp_path)).partition_dir("r", 1, 0)
+    assert not os.path.exists(os.path.join(pdir, "SEALED"))
+    assert not [name for name in os.listdir(pdir) if name.endswith(".arrow")]
+    wait_until(
+        "the messages back", lambda: channel_stats(cluster.http(), topic, "c")["depth"] == 200, 10
+    )
+    # The next attempt reads them all, once.
+    rows = _rows(read_partition(plan, options))
+    assert len(rows) == 200 == len({r["body"] for r in rows})
