@@ -44,6 +44,10 @@ from nsqpy.wire.v2 import MESSAGE_FRAME_HEADER, MESSAGE_HEADER
 if TYPE_CHECKING:
     from nsqpy.nsqd.nsqd import NSQD
 
+# A message frame up to the ID: size, frame type, timestamp, attempts (MESSAGE_FRAME_HEADER's
+# first fields).
+_FRAME_HEAD = struct.Struct(">iiqH")
+
 InFlight: TypeAlias = tuple[bytes, int, int, bytes, float, float]
 """``(id, timestamp_ns, attempts, body, deadline, delivered_at)``; times are monotonic seconds."""
 
@@ -280,6 +284,7 @@ class Channel:
         memory = self._memory
         popleft = memory.popleft
         pack = MESSAGE_FRAME_HEADER.pack
+        pack_head = _FRAME_HEAD.pack
         unpack = RUN_SIZE.unpack_from
         now = 0.0
         delivered = 0
@@ -310,12 +315,18 @@ class Channel:
                     if len(entry) == 6:  # a Run: its messages straight out of its payload
                         payload, pos, length, prefix, seq, timestamp = entry
                         last = seq + (left if left < length else length)
+                        # A frame's head up to the ID depends only on the body's size here
+                        # (same timestamp, attempts 1): packed once per size, not per message.
+                        step = head = 0
                         for hex3 in HEX3[seq:last]:
                             end = pos + 4 + unpack(payload, pos)[0]
+                            if end - pos != step:
+                                step = end - pos
+                                head = pack_head(step + 26, 2, timestamp, 1)
                             body = payload[pos + 4 : end]
                             pos = end
                             msg_id = prefix + hex3
-                            append(pack(len(body) + 30, 2, timestamp, 1, msg_id))
+                            append(head + msg_id)
                             append(body)
                             in_flight[msg_id] = (msg_id, timestamp, 1, body, deadline, now)
                         left -= last - seq
