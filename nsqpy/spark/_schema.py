@@ -111,14 +111,23 @@ def with_constants(
     n = segment.num_rows
     constants = {"topic": topic, "channel": channel, "nsqd": nsqd}
     return pa.RecordBatch.from_arrays(
-        [
-            segment.column(c)
-            if c in _SEGMENT_COLUMNS
-            else pa.repeat(pa.scalar(constants[c], pa.string()), n)
-            for c in columns
-        ],
+        [segment.column(c) if c in _SEGMENT_COLUMNS else _repeat(constants[c], n) for c in columns],
         schema=schema,
     )
+
+
+_REPEATS: dict[str, Any] = {}
+
+
+def _repeat(value: str, n: int) -> Any:
+    """``value`` ``n`` times, as a string array: a zero-copy slice of one built per value (a
+    task's segments all need the same few)."""
+    column = _REPEATS.get(value)
+    if column is None or len(column) < n:
+        if len(_REPEATS) >= 64:
+            _REPEATS.clear()
+        column = _REPEATS[value] = pa.repeat(pa.scalar(value, pa.string()), max(n, 16_384))
+    return column.slice(0, n)
 
 
 def to_record_batch(cols: Columns, topic: str, channel: str, nsqd: str) -> Any:
