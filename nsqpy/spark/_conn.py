@@ -231,6 +231,7 @@ class ConsumerConnection(_Connection):
         self.fin_failed: list[bytes] = []
         self.dropped = 0
         self.accepting = True
+        self.closing = False  # CLS sent
         self.close_wait = False
         self.eof = False
         self.identity: dict[str, Any] = {}
@@ -466,6 +467,7 @@ class ConsumerConnection(_Connection):
 
     def start_close(self) -> None:
         """CLS: nsqd stops delivering (RDY 0) and answers CLOSE_WAIT."""
+        self.closing = True
         self.send(b"CLS\n")
 
     def keepalive(self, touch: bool) -> None:

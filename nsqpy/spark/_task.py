@@ -43,7 +43,13 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from nsqpy.spark._conn import Columns, ConsumerConnection, NSQConnectionError, split_ids
+from nsqpy.spark._conn import (
+    Columns,
+    ConsumerConnection,
+    NSQConnectionError,
+    NSQErrorFrame,
+    split_ids,
+)
 from nsqpy.spark._offsets import PartitionPlan
 from nsqpy.spark._options import SourceOptions
 from nsqpy.spark._schema import to_segment, with_constants
@@ -244,15 +250,13 @@ class _PartitionRead:
                 yield from self._stop_delivery()
                 self.writer.drain()
             except Exception:
-                # Nothing is sealed, so nothing of this attempt counts: give the messages back
-                # now rather than at their timeout (msg_timeout, 60 s by default).
-                self._requeue_all()
+                self._give_back()  # nothing is sealed, so nothing of this attempt counts
                 raise
             won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd)
         finally:
             keepalive.stop()
         if not won:
-            self._requeue_all()
+            self._give_back()
             raise SealLostError(
                 f"batch {plan.batch} partition {plan.index} was sealed by another attempt"
             )
@@ -407,6 +411,38 @@ class _PartitionRead:
             name="nsq-fin-confirm",
             daemon=True,
         ).start()
+
+    def _give_back(self) -> None:
+        """This attempt's rows must not be used: stop delivery on every connection (CLS; what
+        arrives until CLOSE_WAIT is "late"), then REQ everything it received, so that nsqd
+        has the messages back at once, not at msg_timeout. A REQ sent while RDY was still open
+        would only hand the message back to one of the task's connections. Best effort: a
+        connection that fails here leaves its messages to the timeout."""
+        scratch = Columns()
+        with selectors.DefaultSelector() as sel:
+            for conn in self.conns:
+                conn.accepting = False
+                try:
+                    if not conn.closing:
+                        conn.start_close()
+                except NSQConnectionError:
+                    continue
+                if not conn.close_wait and not conn.eof:
+                    sel.register(conn.sock, selectors.EVENT_READ, conn)
+            deadline = time.monotonic() + self.options.connect_timeout
+            while sel.get_map():
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                for key, _ in sel.select(wait):
+                    conn = key.data
+                    try:
+                        conn.pump(scratch, self.dedupe)
+                    except (NSQConnectionError, NSQErrorFrame):
+                        conn.eof = True
+                    if conn.close_wait or conn.eof:
+                        sel.unregister(key.fileobj)
+        self._requeue_all()
 
     def _requeue_all(self) -> None:
         for conn in self.conns:
