@@ -317,7 +317,7 @@ class Channel:
                         last = seq + (left if left < length else length)
                         # A frame's head up to the ID depends only on the body's size here
                         # (same timestamp, attempts 1): packed once per size, not per message.
-                        step = head = 0
+                        step, head = 0, b""
                         for hex3 in HEX3[seq:last]:
                             end = pos + 4 + unpack(payload, pos)[0]
                             if end - pos != step:
