@@ -311,13 +311,10 @@ class ConsumerConnection(_Connection):
         buf = self._buf + data if self._buf else data
         if self.accepting:
             uniform = self._uniform(buf, cols)
-            if uniform is not None:
+            if uniform is not None:  # then the rest, if any, the same way
                 kept, end = uniform
-                if end == len(buf):
-                    self._buf = b""
-                    return kept
                 self._buf = b""
-                return kept + self.feed(buf[end:], cols, is_duplicate)
+                return kept if end == len(buf) else kept + self.feed(buf[end:], cols, is_duplicate)
         end, starts, messages = self._scan(buf)
         self._buf = buf[end:] if end < len(buf) else b""
         if not messages:

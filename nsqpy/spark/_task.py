@@ -144,7 +144,7 @@ class _SegmentWriter(threading.Thread):
         self._wal = wal
         self._pdir = pdir
         self._queue: queue.Queue[tuple[str, Any] | None] = queue.Queue(maxsize=_WRITE_AHEAD)
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self._done = False
 
     def submit(self, segment: Any) -> str:
