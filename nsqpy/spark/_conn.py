@@ -116,15 +116,16 @@ class Columns:
         self.bodies.append(bodies)
 
 
-def _data(column: Any, size: int) -> bytes:
-    """The first ``size`` bytes of a fresh binary array's values (one contiguous buffer)."""
-    return bytes(column.buffers()[2][:size].to_pybytes())
+def _data(column: Any, size: int, buffer: int = 2) -> bytes:
+    """The first ``size`` bytes of a fresh array's values (one contiguous buffer: the third
+    of a binary array, the second of a fixed-size one)."""
+    return bytes(column.buffers()[buffer][:size].to_pybytes())
 
 
 def _cut(frames: Any, start: int, stop: int) -> bytes:
     """Bytes ``start:stop`` of every value of a fixed-size binary array, concatenated."""
     column = pc.binary_slice(frames, start, stop)  # fixed_size_binary[stop - start]
-    return bytes(column.buffers()[1][: len(column) * (stop - start)].to_pybytes())
+    return _data(column, len(column) * (stop - start), 1)
 
 
 def id_commands(verb: bytes, ids: bytes, tail: bytes = b"\n") -> bytes:
