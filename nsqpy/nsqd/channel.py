@@ -314,24 +314,43 @@ class Channel:
                     entry = popleft()
                     if len(entry) == 6:  # a Run: its messages straight out of its payload
                         payload, pos, length, prefix, seq, timestamp = entry
-                        last = seq + (left if left < length else length)
+                        count = left if left < length else length
+                        last = seq + count
                         # A frame's head up to the ID depends only on the body's size here
                         # (same timestamp, attempts 1): packed once per size, not per message.
-                        step, head = 0, b""
-                        for hex3 in HEX3[seq:last]:
-                            end = pos + 4 + unpack(payload, pos)[0]
-                            if end - pos != step:
-                                step = end - pos
-                                head = pack_head(step + 26, 2, timestamp, 1)
-                            body = payload[pos + 4 : end]
-                            pos = end
-                            msg_id = prefix + hex3
-                            append(head + msg_id)
-                            append(body)
-                            in_flight[msg_id] = (msg_id, timestamp, 1, body, deadline, now)
-                        left -= last - seq
-                        if last - seq < length:  # the rest of the run stays at the head
-                            rest = Run(payload, pos, length - (last - seq), prefix, last, timestamp)
+                        size = unpack(payload, pos)[0]
+                        step = 4 + size
+                        span = count * step
+                        if pos + span <= len(payload) and all(
+                            payload[j : pos + span : step] == payload[j : j + 1] * count
+                            for j in range(pos, pos + 4)
+                        ):  # bodies of one size (the usual MPUB): no size to read per message
+                            head = pack_head(size + 30, 2, timestamp, 1)
+                            at = pos + 4
+                            for hex3 in HEX3[seq:last]:
+                                body = payload[at : at + size]
+                                at += step
+                                msg_id = prefix + hex3
+                                append(head + msg_id)
+                                append(body)
+                                in_flight[msg_id] = (msg_id, timestamp, 1, body, deadline, now)
+                            pos += span
+                        else:
+                            pos = self._run_frames(
+                                payload,
+                                pos,
+                                prefix,
+                                seq,
+                                last,
+                                timestamp,
+                                frames,
+                                in_flight,
+                                deadline,
+                                now,
+                            )
+                        left -= count
+                        if count < length:  # the rest of the run stays at the head
+                            rest = Run(payload, pos, length - count, prefix, last, timestamp)
                             memory.appendleft(rest)
                         continue
                     msg_id, timestamp, attempts, body = entry
@@ -351,6 +370,38 @@ class Channel:
         if now:
             self._nsqd.scan_candidate(self)
         return delivered
+
+    @staticmethod
+    def _run_frames(
+        payload: bytes,
+        pos: int,
+        prefix: bytes,
+        seq: int,
+        last: int,
+        timestamp: int,
+        frames: list[bytes],
+        in_flight: dict[bytes, InFlight],
+        deadline: float,
+        now: float,
+    ) -> int:
+        """The frames of messages ``seq:last`` of a run whose bodies differ in size, from
+        ``pos`` in its payload; returns where the next message starts."""
+        append = frames.append
+        unpack = RUN_SIZE.unpack_from
+        pack_head = _FRAME_HEAD.pack
+        step, head = 0, b""
+        for hex3 in HEX3[seq:last]:
+            end = pos + 4 + unpack(payload, pos)[0]
+            if end - pos != step:  # the head up to the ID: packed once per body size
+                step = end - pos
+                head = pack_head(step + 26, 2, timestamp, 1)
+            body = payload[pos + 4 : end]
+            pos = end
+            msg_id = prefix + hex3
+            append(head + msg_id)
+            append(body)
+            in_flight[msg_id] = (msg_id, timestamp, 1, body, deadline, now)
+        return pos
 
     def _sampled(
         self, client: Consumer, room: int, frames: list[bytes], now: float, deadline: float

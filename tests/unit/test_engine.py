@@ -1191,6 +1191,41 @@ def test_run_head_taken_across_dispatches_and_shared_by_channels(clock: FakeCloc
     assert topic.message_bytes == 7 and c1.message_count == 7
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_run_frames_of_equal_and_mixed_body_sizes(clock: FakeClock, seed: int) -> None:
+    """Runs of one body size are framed without reading each size; runs of several sizes (a
+    different one anywhere, even only the last) the general way. Either way, whatever the RDY
+    steps cut them into, every frame and every in-flight record is the message sent."""
+    rng = random.Random(seed)
+    nsqd, _ = make_nsqd()
+    ch, consumer = subscribe(nsqd, "t", "c", ready=0)
+    topic = nsqd.get_topic("t")
+    sent: list[bytes] = []
+    for _ in range(12):
+        count = rng.randrange(2, 40)
+        size = rng.randrange(1, 300)
+        sizes = [size] * count
+        shape = rng.choice(["equal", "last differs", "first differs", "mixed"])
+        if shape == "last differs":
+            sizes[-1] = size + rng.randrange(1, 5)
+        elif shape == "first differs":
+            sizes[0] = size + 256  # differs in another byte of the size
+        elif shape == "mixed":
+            sizes = [rng.randrange(1, 300) for _ in range(count)]
+        bodies = [rng.randbytes(k) for k in sizes]
+        sent.extend(bodies)
+        pub(topic, *bodies)
+    while len(consumer.received) < len(sent):
+        rdy(ch, consumer, len(consumer.received) + rng.randrange(1, 50))
+    assert consumer.bodies == sent
+    assert all(m[2] == 1 for m in consumer.received)
+    assert len({m[0] for m in consumer.received}) == len(sent)
+    assert {k: v[3] for k, v in consumer.in_flight.items()} == {
+        m[0]: m[3] for m in consumer.received
+    }
+    assert ch.depth == 0 and not ch._memory
+
+
 def test_run_with_single_messages_and_requeues_keeps_order(clock: FakeClock) -> None:
     nsqd, _ = make_nsqd()
     ch, consumer = subscribe(nsqd, "t", "c", ready=1)
