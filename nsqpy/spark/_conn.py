@@ -137,7 +137,7 @@ def _data(column: Any, size: int, buffer: int = 2) -> bytes:
 _OFFSETS: dict[int, Any] = {}
 
 
-def _offsets(width: int, count: int) -> Any:
+def fixed_width_offsets(width: int, count: int) -> Any:
     """The offsets buffer of ``count`` values of ``width`` bytes each: a zero-copy slice of one
     kept per width (a read sees one or a few body sizes)."""
     offsets = _OFFSETS.get(width)
@@ -333,11 +333,15 @@ class ConsumerConnection(_Connection):
         """
         buf = self._buf + data if self._buf else data
         if self.accepting:
-            uniform = self._uniform(buf, cols)
+            # Replies first (a connection's first buffer starts with IDENTIFY's and SUB's).
+            start = self._replies(buf)
+            uniform = self._uniform(buf, cols, start)
             if uniform is not None:  # then the rest, if any, the same way
                 kept, end = uniform
                 self._buf = b""
                 return kept if end == len(buf) else kept + self.feed(buf[end:], cols, is_duplicate)
+            if start:
+                buf = buf[start:]
         end, starts, messages = self._scan(buf)
         self._buf = buf[end:] if end < len(buf) else b""
         if not messages:
@@ -371,25 +375,38 @@ class ConsumerConnection(_Connection):
         self.kept += k
         return k
 
-    def _uniform(self, buf: bytes, cols: Columns) -> tuple[int, int] | None:
-        """The usual case: ``buf`` starts with a run of message frames of one size, all first
-        attempts. The run is viewed as a matrix (a row per frame) and each column is copied out
-        of it in one strided step (no offsets to walk, and a few numpy calls per buffer where
-        Arrow's compute calls cost microseconds each). Returns (messages kept, bytes they span),
-        or None if ``buf`` does not start that way (then :meth:`_scan` and the general path
-        take it)."""
+    def _replies(self, buf: bytes) -> int:
+        """Handle the complete frames other than messages at the start of ``buf`` (see
+        :meth:`_frame`); returns where the first message (or incomplete frame) starts."""
         n = len(buf)
+        pos = 0
+        while n - pos >= 8:
+            size, frame_type = _FRAME.unpack_from(buf, pos)
+            if frame_type == FRAME_TYPE_MESSAGE or size < 4 or pos + 4 + size > n:
+                break  # a message, or left to _scan (which raises on a bad size)
+            self._frame(frame_type, buf[pos + 8 : pos + 4 + size])
+            pos += 4 + size
+        return pos
+
+    def _uniform(self, buf: bytes, cols: Columns, start: int = 0) -> tuple[int, int] | None:
+        """The usual case: ``buf[start:]`` starts with a run of message frames of one size, all
+        first attempts. Each field of the run's frames is a strided numpy view, copied out in one
+        step (no offsets to walk, and a few numpy calls per buffer where Arrow's compute calls
+        cost microseconds each). Returns (messages kept, where the run ends), or None if
+        ``buf[start:]`` does not start that way (then :meth:`_scan` and the general path take
+        it)."""
+        n = len(buf) - start
         if n < 8:
             return None
-        size, frame_type = _FRAME.unpack_from(buf)
+        size, frame_type = _FRAME.unpack_from(buf, start)
         step = 4 + size
         count = n // step
         if frame_type != FRAME_TYPE_MESSAGE or size <= 4 + MESSAGE_HEADER_SIZE or count < 2:
             return None
-        end = count * step
+        end = start + count * step
 
         def column(dtype: str, at: int) -> Any:  # one field of every frame: a strided view
-            return np.ndarray((count,), dtype, buf, at, (step,))
+            return np.ndarray((count,), dtype, buf, start + at, (step,))
 
         # Every frame of the run has the same 8 header bytes (size, type), and attempts 1: else
         # the general path (redeliveries are checked against the log there).
@@ -401,7 +418,11 @@ class ConsumerConnection(_Connection):
         bodies = pa.Array.from_buffers(
             pa.binary(),
             count,
-            [None, _offsets(width, count), pa.py_buffer(column(f"V{width}", _BODY_AT).tobytes())],
+            [
+                None,
+                fixed_width_offsets(width, count),
+                pa.py_buffer(column(f"V{width}", _BODY_AT).tobytes()),
+            ],
         )
         cols.add_first(ids, column(">i8", _TS_AT).astype(np.int64).tobytes(), bodies)
         self.ids.append(ids)

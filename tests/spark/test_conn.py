@@ -13,11 +13,12 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pytest
 
-from nsqpy.spark._conn import Columns, ConsumerConnection
+from nsqpy.spark._conn import Columns, ConsumerConnection, NSQErrorFrame
 from nsqpy.spark._schema import to_segment
-from nsqpy.wire.v2 import encode_message_frame, encode_response
+from nsqpy.wire.v2 import encode_error, encode_message_frame, encode_response
 
 Message = tuple[bytes, int, int, bytes]
 
@@ -108,3 +109,42 @@ def test_late_messages_are_not_kept(conn: ConsumerConnection) -> None:
     cols = _feed_all(conn, b"".join(encode_message_frame(*m) for m in msgs), [1000])
     assert len(cols) == 0 and conn.kept == 0
     assert b"".join(conn.late) == b"".join(m[0] for m in msgs)
+
+
+def test_replies_before_a_run_are_handled_once_and_the_run_takes_the_fast_path(
+    conn: ConsumerConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection's first buffer: the IDENTIFY and SUB replies (and whatever else nsqd sent
+    before the first message), then the messages."""
+
+    def general_path(*args: Any) -> None:
+        raise AssertionError("a run after replies took the general path")
+
+    monkeypatch.setattr(pc, "binary_slice", general_path)
+    msgs = _messages(300, [100], [1], 11)
+    replies = [
+        encode_response(b'{"max_rdy_count":2500}'),
+        encode_response(b"OK"),
+        encode_response(b"_heartbeat_"),
+        encode_error("E_FIN_FAILED FIN 0123456789abcdef failed not in flight"),
+    ]
+    stream = b"".join(replies) + b"".join(encode_message_frame(*m) for m in msgs)
+    for cut in (len(stream), len(b"".join(replies)) + 1000):  # whole, or cut inside the run
+        conn.ids.clear()
+        conn.fin_failed.clear()
+        conn._out.clear()
+        cols = _feed_all(conn, stream, [cut] if cut < len(stream) else [])
+        assert _rows(cols) == _expected(msgs)
+        assert b"".join(conn.ids) == b"".join(m[0] for m in msgs)
+        assert conn._out == [b"NOP\n"]  # the heartbeat answered once
+        assert conn.fin_failed == [b"0123456789abcdef"]
+        assert len(conn.ids) == (1 if cut == len(stream) else 2)  # one blob per buffer
+
+
+def test_a_fatal_error_before_the_messages_raises(conn: ConsumerConnection) -> None:
+    msgs = _messages(10, [100], [1], 12)
+    stream = encode_error("E_BAD_TOPIC SUB topic name is not valid") + b"".join(
+        encode_message_frame(*m) for m in msgs
+    )
+    with pytest.raises(NSQErrorFrame, match="E_BAD_TOPIC"):
+        conn.feed(stream, Columns(), lambda _: False)
