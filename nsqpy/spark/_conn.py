@@ -150,19 +150,18 @@ def fixed_width_offsets(width: int, count: int) -> Any:
 
 
 def id_commands(verb: bytes, ids: bytes, tail: bytes = b"\n") -> bytes:
-    """``<verb> <id><tail>`` for every 16-byte id in ``ids``, built with strided copies (one
-    per byte column) instead of one bytes object per message."""
+    """``<verb> <id><tail>`` for every 16-byte id in ``ids``, built as the columns of one
+    matrix (a row per command) instead of one bytes object per message."""
     k = len(ids) // MSG_ID_LENGTH
     head = verb + b" "
     width = len(head) + MSG_ID_LENGTH + len(tail)
-    out = bytearray(width * k)
-    for j, c in enumerate(head):
-        out[j::width] = bytes((c,)) * k
-    for j in range(MSG_ID_LENGTH):
-        out[len(head) + j :: width] = ids[j::MSG_ID_LENGTH]
-    for j, c in enumerate(tail):
-        out[len(head) + MSG_ID_LENGTH + j :: width] = bytes((c,)) * k
-    return bytes(out)
+    out = np.empty((k, width), np.uint8)
+    out[:, : len(head)] = np.frombuffer(head, np.uint8)
+    out[:, len(head) : len(head) + MSG_ID_LENGTH] = np.frombuffer(ids, np.uint8, k * 16).reshape(
+        k, MSG_ID_LENGTH
+    )
+    out[:, len(head) + MSG_ID_LENGTH :] = np.frombuffer(tail, np.uint8)
+    return out.tobytes()
 
 
 def split_ids(blobs: Iterable[bytes]) -> list[bytes]:

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pytest
 
-from nsqpy.spark._conn import Columns, ConsumerConnection, NSQErrorFrame
+from nsqpy.spark._conn import Columns, ConsumerConnection, NSQErrorFrame, id_commands
 from nsqpy.spark._schema import to_segment
 from nsqpy.wire.v2 import encode_error, encode_message_frame, encode_response
 
@@ -148,3 +148,11 @@ def test_a_fatal_error_before_the_messages_raises(conn: ConsumerConnection) -> N
     )
     with pytest.raises(NSQErrorFrame, match="E_BAD_TOPIC"):
         conn.feed(stream, Columns(), lambda _: False)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2500])
+def test_id_commands_are_one_line_per_id(count: int) -> None:
+    ids = [f"{i:016x}".encode() for i in range(count)]
+    blob = b"".join(ids)
+    assert id_commands(b"FIN", blob) == b"".join(b"FIN " + i + b"\n" for i in ids)
+    assert id_commands(b"REQ", blob, b" 0\n") == b"".join(b"REQ " + i + b" 0\n" for i in ids)
