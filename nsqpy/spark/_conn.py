@@ -398,9 +398,11 @@ class ConsumerConnection(_Connection):
         if n < 8:
             return None
         size, frame_type = _FRAME.unpack_from(buf, start)
+        if frame_type != FRAME_TYPE_MESSAGE or size <= 4 + MESSAGE_HEADER_SIZE:
+            return None  # not a message with a body (_scan rejects a bad size)
         step = 4 + size
         count = n // step
-        if frame_type != FRAME_TYPE_MESSAGE or size <= 4 + MESSAGE_HEADER_SIZE or count < 2:
+        if count < 2:
             return None
         end = start + count * step
 

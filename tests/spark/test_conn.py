@@ -16,7 +16,13 @@ from typing import Any
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pytest
 
-from nsqpy.spark._conn import Columns, ConsumerConnection, NSQErrorFrame, id_commands
+from nsqpy.spark._conn import (
+    Columns,
+    ConsumerConnection,
+    NSQConnectionError,
+    NSQErrorFrame,
+    id_commands,
+)
 from nsqpy.spark._schema import to_segment
 from nsqpy.wire.v2 import encode_error, encode_message_frame, encode_response
 
@@ -156,3 +162,11 @@ def test_id_commands_are_one_line_per_id(count: int) -> None:
     blob = b"".join(ids)
     assert id_commands(b"FIN", blob) == b"".join(b"FIN " + i + b"\n" for i in ids)
     assert id_commands(b"REQ", blob, b" 0\n") == b"".join(b"REQ " + i + b" 0\n" for i in ids)
+
+
+@pytest.mark.parametrize("size", [-4, -1, 0, 3, 4 + 25])
+def test_a_corrupt_frame_size_is_a_connection_error(conn: ConsumerConnection, size: int) -> None:
+    """Never a crash (a division by zero, a negative count): a clear error about the frame."""
+    frame = size.to_bytes(4, "big", signed=True) + (2).to_bytes(4, "big") + bytes(200)
+    with pytest.raises(NSQConnectionError, match="frame"):
+        conn.feed(frame * 3, Columns(), lambda _: False)
