@@ -270,8 +270,21 @@ class DiskQueue:
     # ------------------------------------------------------------------ public API
 
     def depth(self) -> int:
-        """Messages written minus messages read (Go's ``Depth``)."""
-        return self._depth
+        """Messages written minus messages read (Go's ``Depth``), but at least 1 while records
+        remain to be read.
+
+        After an unclean exit the metadata's depth can be short of what the files hold (it
+        was synced before the last writes; the reader then salvages the rest). Go's reader
+        reads on regardless of the count and resets it at the tail ("negative depth at
+        tail"); nsqd's channels and topics ask the depth whether to read at all, so it must
+        not say 0 while there is something to read.
+        """
+        depth = self._depth
+        if depth <= 0 and (
+            self._read_file_num < self._write_file_num or self._read_pos < self._write_pos
+        ):
+            return 1
+        return depth
 
     @property
     def last_error(self) -> str | None:

@@ -479,6 +479,33 @@ def test_corrupt_data_file_is_renamed_bad_and_reading_goes_on(
     assert queued_records(data, "logs:ch") == []
 
 
+def test_stale_meta_depth_after_a_crash_still_delivers_every_record(
+    nsqd_pool: ServerPool, tmp_path: Path
+) -> None:
+    """The metadata was synced after 4 of the file's 10 records (then kill -9): its depth and
+    writePos say 4. The file is longer than writePos, so writing moves to a new file and the
+    reader salvages all 10; the stale depth must not stop delivery at 4 (Go reads on, then
+    resets the count at the tail)."""
+    data = tmp_path / "stale"
+    data.mkdir()
+    data.joinpath("nsqd.dat").write_bytes(nsqd_dat([("orders", False, [("email", False)])]))
+    records = plain_records(b"salvaged", 10)
+    write_queue(data, "orders:email", [records])
+    synced = sum(len(r.encode()) for r in records[:4])
+    meta_file(data, "orders:email").write_bytes(QueueMeta(4, 0, 0, 0, synced).encode())
+    nsqd = nsqd_pool.start(data_path=data)
+    # RDY 1: the channel reads the queue one message at a time, asking its depth each time
+    with consumer(nsqd.tcp_address, "orders", "email", rdy=1) as client:
+        got = read_all(client, len(records))
+        assert [m.body for m in got] == [r.body for r in records]
+        client.expect_no_frame(0.3)
+    assert nsqd.stop() == 0
+    assert_healthy_log(nsqd)
+    text = nsqd.log_text()
+    assert f"metadata writePos {synced} < file size of" in text, text
+    assert "negative depth at tail (-6), metadata corruption, resetting 0..." in text, text
+
+
 def test_truncated_meta_file_does_not_stop_nsqd(nsqd_pool: ServerPool, tmp_path: Path) -> None:
     data = tmp_path / "truncated"
     data.mkdir()

@@ -526,8 +526,10 @@ def test_tail_check_fixes_wrong_depth(tmp_path: Path) -> None:
     fname(tmp_path, 0).write_bytes(rec(b"aaaa") + rec(b"bbbb"))
     (tmp_path / "test.diskqueue.meta.dat").write_text("0\n0,0\n0,16\n")
     dq, log = open_dq(tmp_path)
-    assert dq.depth() == 0
-    assert dq.read_many(5) == [b"aaaa", b"bbbb"]
+    assert dq.depth() == 1  # the metadata says 0, but records remain: never 0 before they are read
+    assert dq.read_many(1) == [b"aaaa"]
+    assert dq.depth() == 1  # the count is at -1 now
+    assert dq.read_many(5) == [b"bbbb"]
     assert dq.depth() == 0
     assert any(
         "negative depth at tail (-2), metadata corruption" in m for m in log.at(LogLevel.ERROR)
