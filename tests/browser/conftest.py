@@ -56,7 +56,10 @@ def new_page(browser: Any) -> Iterator[Any]:
     contexts: list[Any] = []
     errors: list[str] = []
 
-    def make(**options: Any) -> Any:
+    def make(*, expected_errors: tuple[str, ...] = (), **options: Any) -> Any:
+        """``expected_errors``: console errors containing one of these are not failures
+        (a 403 never is: read-only users are refused on purpose)."""
+        allowed = ("403", *expected_errors)
         context = browser.new_context(viewport={"width": 1360, "height": 900}, **options)
         contexts.append(context)
         page = context.new_page()
@@ -64,7 +67,9 @@ def new_page(browser: Any) -> Iterator[Any]:
         page.on(
             "console",
             lambda msg: (
-                errors.append(msg.text) if msg.type == "error" and "403" not in msg.text else None
+                errors.append(msg.text)
+                if msg.type == "error" and not any(a in msg.text for a in allowed)
+                else None
             ),
         )
         return page
@@ -73,6 +78,21 @@ def new_page(browser: Any) -> Iterator[Any]:
     for context in contexts:
         context.close()
     assert errors == [], errors
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the logs of the cluster's servers: a failure seen only
+    in CI (an upstream error behind a 502, say) can then be read from its output."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed:
+        return
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if isinstance(cluster, Cluster):
+        for pool in (cluster.admin_pool, cluster.lookupd_pool, cluster.nsqd_pool):
+            for server in pool:
+                report.sections.append((f"{server!r} log", server.log_text()[-8000:]))
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -8,6 +8,7 @@ its effect checked both on the page and on the nsqd / nsqlookupd themselves.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,6 +103,27 @@ def test_streams_page(admin: ServerProcess, new_page: NewPage) -> None:
     clicks.locator("a").click()
     expect(page).to_have_url(url(admin, "topics/clicks"))
     expect(page.locator(".page-title")).to_contain_text("clicks")
+
+
+def test_a_page_whose_first_load_failed_recovers(cluster: Cluster, new_page: NewPage) -> None:
+    # An upstream that does not answer in time fails the page's first load (nsqadmin answers
+    # 502); once it answers again, the next refresh shows the page without a reload.
+    (admin,) = cluster.start_admins(
+        {"sample_interval": "1s", "http_client_request_timeout": "300ms"}
+    )
+    page = new_page(expected_errors=("502",))
+    assert cluster.lookupd is not None
+    cluster.lookupd.send_signal(signal.SIGSTOP)
+    try:
+        page.goto(url(admin))
+        expect(page.get_by_role("alert")).to_contain_text("Could not load this page.")
+        expect(page.get_by_role("alert")).to_contain_text("UPSTREAM_ERROR")
+    finally:
+        cluster.lookupd.send_signal(signal.SIGCONT)
+    expect(row(page, "", "topic", "orders")).to_have_count(1)
+    expect(page.get_by_role("alert")).to_have_count(0)
+    expect(page.locator(".page-title")).to_have_text("Streams")
+    admin.stop()
 
 
 def test_topic_page(cluster: Cluster, admin: ServerProcess, new_page: NewPage) -> None:

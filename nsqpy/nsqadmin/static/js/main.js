@@ -23,6 +23,26 @@ const ROUTES = [
 ];
 
 const app = document.getElementById("app");
+// A page whose first load failed shows why here, its view hidden but kept: the next
+// refresh that succeeds shows the view again (a transient upstream error must not leave
+// the page broken until a reload).
+const pageError = document.createElement("div");
+pageError.className = "page";
+pageError.hidden = true;
+app.before(pageError);
+
+function showPageError(err) {
+  pageError.innerHTML = errorState(err).text;
+  pageError.hidden = false;
+  app.hidden = true;
+}
+
+function hidePageError() {
+  pageError.hidden = true;
+  pageError.innerHTML = "";
+  app.hidden = false;
+}
+
 const base = new URL(document.baseURI).pathname;
 // Refresh about as often as the cluster is sampled (1–10 s).
 const refreshMs = Math.min(10, Math.max(1, config.sampleInterval || 5)) * 1000;
@@ -54,13 +74,14 @@ async function refresh() {
     if (mine === current) mine.failed = false;
   } catch (err) {
     if (mine !== current) return;
-    if (!mine.loaded) app.innerHTML = errorState(err).text;
+    if (!mine.loaded) showPageError(err);
     mine.failed = true;
     console.warn("refresh failed", err);
     document.body.classList.add("stale");
     return;
   }
   if (mine === current) {
+    if (!mine.loaded) hidePageError();
     mine.loaded = true;
     document.body.classList.remove("stale");
     redrawHover(app);
@@ -89,6 +110,7 @@ export async function navigate() {
   const found = match(path);
   if (current && current.controller.dispose) current.controller.dispose();
   clearTimeout(timer);
+  hidePageError();
   document.querySelectorAll("[data-nav]").forEach((a) => {
     a.classList.toggle("active", found && a.dataset.nav === found.nav);
   });
