@@ -48,8 +48,53 @@ if TYPE_CHECKING:
 # first fields).
 _FRAME_HEAD = struct.Struct(">iiqH")
 
-InFlight: TypeAlias = tuple[bytes, int, int, bytes, float, float]
+Delivery: TypeAlias = tuple[bytes, int, int, bytes, float, float]
 """``(id, timestamp_ns, attempts, body, deadline, delivered_at)``; times are monotonic seconds."""
+
+
+class Flight:
+    """The in-flight record shared by the messages of a run that one pass delivered to one
+    consumer: bodies of one size, first attempt, one deadline. Storing it under each of their
+    IDs costs no allocation per message, where a :data:`Delivery` each cost a tuple and a kept
+    body; a message's own record is made from it when needed (:func:`delivery`)."""
+
+    __slots__ = ("deadline", "first", "now", "payload", "pos", "step", "timestamp")
+
+    def __init__(
+        self,
+        payload: bytes,
+        pos: int,
+        step: int,
+        first: int,
+        timestamp: int,
+        deadline: float,
+        now: float,
+    ) -> None:
+        self.payload = payload  # the run's: message `first` at `pos`, the next at `pos + step`, ...
+        self.pos = pos
+        self.step = step  # 4 (the size) + the body's size
+        self.first = first  # the ID sequence (its last 3 hex digits) of the message at pos
+        self.timestamp = timestamp
+        self.deadline = deadline
+        self.now = now
+
+    def delivery(self, msg_id: bytes) -> Delivery:
+        at = self.pos + (int(msg_id[13:], 16) - self.first) * self.step + 4
+        body = self.payload[at : at + self.step - 4]
+        return (msg_id, self.timestamp, 1, body, self.deadline, self.now)
+
+
+InFlight: TypeAlias = Delivery | Flight
+"""What a consumer's ``in_flight`` maps an ID to."""
+
+
+def delivery(msg_id: bytes, entry: InFlight) -> Delivery:
+    """The in-flight message ``msg_id`` (stored as ``entry``) as a :data:`Delivery`."""
+    return entry if type(entry) is tuple else entry.delivery(msg_id)  # type: ignore[union-attr]
+
+
+def _timestamp(entry: InFlight) -> int:
+    return entry[1] if type(entry) is tuple else entry.timestamp  # type: ignore[union-attr]
 
 
 class Consumer(Protocol):
@@ -324,16 +369,17 @@ class Channel:
                         if pos + span <= len(payload) and all(
                             payload[j : pos + span : step] == payload[j : j + 1] * count
                             for j in range(pos, pos + 4)
-                        ):  # bodies of one size (the usual MPUB): no size to read per message
+                        ):  # bodies of one size (the usual MPUB): no size to read per message,
+                            # and one in-flight record for them all
+                            flight = Flight(payload, pos, step, seq, timestamp, deadline, now)
                             head = pack_head(size + 30, 2, timestamp, 1)
                             at = pos + 4
                             for hex3 in HEX3[seq:last]:
-                                body = payload[at : at + size]
-                                at += step
                                 msg_id = prefix + hex3
                                 append(head + msg_id)
-                                append(body)
-                                in_flight[msg_id] = (msg_id, timestamp, 1, body, deadline, now)
+                                append(payload[at : at + size])
+                                at += step
+                                in_flight[msg_id] = flight
                             pos += span
                         else:
                             pos = self._run_frames(
@@ -488,7 +534,7 @@ class Channel:
             raise ChannelError(self._not_in_flight_reason(msg_id))
         client.finish_count += 1
         if self.e2e is not None:
-            self.e2e.add(time.time_ns() - entry[1])
+            self.e2e.add(time.time_ns() - _timestamp(entry))
 
     def finish_many(self, client: Consumer, msg_ids: list[bytes]) -> list[tuple[bytes, str]]:
         """FIN each message; returns ``(id, reason)`` for those that failed, in order."""
@@ -506,7 +552,7 @@ class Channel:
                 if entry is None:
                     failed.append((msg_id, self._not_in_flight_reason(msg_id)))
                 else:
-                    e2e.add(now - entry[1])
+                    e2e.add(now - _timestamp(entry))
         client.finish_count += len(msg_ids) - len(failed)
         return failed
 
@@ -516,7 +562,7 @@ class Channel:
             raise ChannelError(self._not_in_flight_reason(msg_id))
         self.requeue_count += 1
         client.requeue_count += 1
-        msg = requeued(entry[0], entry[1], entry[2], entry[3])
+        msg = requeued(*delivery(msg_id, entry)[:4])
         if self.policy is not None and returned(self, self.policy, msg):
             return
         if delay <= 0:
@@ -533,11 +579,12 @@ class Channel:
             raise ChannelError(self._not_in_flight_reason(msg_id))
         now = time.monotonic()
         deadline = now + client.msg_timeout
-        max_deadline = entry[5] + self._nsqd.opts.max_msg_timeout
+        msg_id, timestamp, attempts, body, _, delivered = delivery(msg_id, entry)
+        max_deadline = delivered + self._nsqd.opts.max_msg_timeout
         if deadline >= max_deadline:
             deadline = max_deadline
             client.irregular_in_flight = True
-        in_flight[msg_id] = (entry[0], entry[1], entry[2], entry[3], deadline, entry[5])
+        in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, delivered)
 
     def _not_in_flight_reason(self, msg_id: bytes) -> str:
         if any(msg_id in c.in_flight for c in self.clients) or any(
@@ -580,10 +627,10 @@ class Channel:
         return dirty
 
     def _expire(self, in_flight: dict[bytes, InFlight], now: float, full_scan: bool) -> bool:
-        expired: list[InFlight] = []
-        for entry in in_flight.values():
-            if entry[4] <= now:
-                expired.append(entry)
+        expired: list[Delivery] = []
+        for msg_id, entry in in_flight.items():
+            if (entry[4] if type(entry) is tuple else entry.deadline) <= now:  # type: ignore[union-attr]
+                expired.append(delivery(msg_id, entry))
             elif not full_scan:
                 break
         if not expired:
@@ -669,11 +716,9 @@ class Channel:
         msgs: list[Message] = expand(self._memory)
         self._memory.clear()
         self._depth = 0
-        for client in self.clients:
-            msgs.extend(requeued(e[0], e[1], e[2], e[3]) for e in client.in_flight.values())
-            client.in_flight.clear()
-        for d in self._orphans:
-            msgs.extend(requeued(e[0], e[1], e[2], e[3]) for e in d.values())
+        for d in [c.in_flight for c in self.clients] + self._orphans:
+            msgs.extend(requeued(*delivery(k, e)[:4]) for k, e in d.items())
+            d.clear()
         self._orphans.clear()
         msgs.extend(m for _, _, m in sorted(self._deferred))
         self._deferred.clear()

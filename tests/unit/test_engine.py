@@ -19,7 +19,7 @@ import nsqpy.nsqd.channel as channel_mod
 import nsqpy.nsqd.nsqd as nsqd_mod
 from nsqpy.common.log import Logger
 from nsqpy.nsqd.backend import BackendError, DummyBackend, RefusingBackend
-from nsqpy.nsqd.channel import Channel, ChannelError, Consumer, InFlight
+from nsqpy.nsqd.channel import Channel, ChannelError, Consumer, InFlight, delivery
 from nsqpy.nsqd.message import Message, requeued
 from nsqpy.nsqd.nsqd import NSQD
 from nsqpy.nsqd.options import Options
@@ -1220,10 +1220,65 @@ def test_run_frames_of_equal_and_mixed_body_sizes(clock: FakeClock, seed: int) -
     assert consumer.bodies == sent
     assert all(m[2] == 1 for m in consumer.received)
     assert len({m[0] for m in consumer.received}) == len(sent)
-    assert {k: v[3] for k, v in consumer.in_flight.items()} == {
+    assert {k: delivery(k, v)[3] for k, v in consumer.in_flight.items()} == {
         m[0]: m[3] for m in consumer.received
     }
     assert ch.depth == 0 and not ch._memory
+
+
+def test_shared_in_flight_records_give_each_message_back(clock: FakeClock) -> None:
+    """Messages of a run delivered in one pass share one in-flight record: REQ, TOUCH, a
+    timeout, a consumer that leaves and the exit flush each get the right message back from
+    it (its ID, timestamp, attempts and body), whatever part of the run the pass took."""
+    nsqd, backends = nsqd_with_list_backends(e2e_processing_latency_percentiles=[0.5])
+    ch, a = subscribe(nsqd, "t", "c", ready=0, msg_timeout=10.0)
+    topic = nsqd.get_topic("t")
+    pub(topic, b"skip")  # the run's IDs do not start at sequence 0
+    rdy(ch, a, 1)
+    fin(ch, a, a.last_id)
+    bodies = [b"m%03d" % i for i in range(40)]
+    pub(topic, *bodies)
+    rdy(ch, a, 5)  # a first pass: messages 0-4
+    rdy(ch, a, 25)  # a second: 5-24, from the middle of the run
+    sent = {m[0]: m for m in a.received[1:]}
+    assert [m[3] for m in a.received[1:]] == bodies[:25]
+    assert {k: delivery(k, v) for k, v in a.in_flight.items()} == {
+        k: (k, m[1], 1, m[3], 1010.0, 1000.0) for k, m in sent.items()
+    }
+    ids = [m[0] for m in a.received[1:]]
+    rdy(ch, a, 0)
+    fin(ch, a, ids[7])  # FIN: its latency is counted from the shared timestamp
+    assert ch.e2e is not None and ch.e2e.result()["count"] == 2
+    req(ch, a, ids[3], 0)  # REQ: back on the queue as it was delivered
+    clock.now = 1005.0
+    ch.touch(a, ids[12])  # TOUCH: its own record now, deadline 1015
+    assert delivery(ids[12], a.in_flight[ids[12]]) == (
+        ids[12],
+        sent[ids[12]][1],
+        1,
+        b"m012",
+        1015.0,
+        1000.0,
+    )
+    scan_at(nsqd, clock, 1010.0)  # every other message of both passes times out
+    assert ch.timeout_count == 22 and list(a.in_flight) == [ids[12]]
+    b = FakeConsumer(msg_timeout=10.0)
+    ch.add_client(b)
+    ch.remove_client(a)  # ids[12] waits for its deadline among the orphans
+    rdy(ch, b, 100)
+    got = {m[3]: m for m in b.received}
+    assert sorted(got) == sorted(set(bodies) - {b"m007", b"m012"})
+    for body, m in got.items():
+        first_attempt = bodies.index(body) >= 25
+        assert m[2] == (1 if first_attempt else 2)
+        assert first_attempt or sent[m[0]][3] == body  # the same ID came back with its body
+    scan_at(nsqd, clock, 1015.0)
+    assert [m[3] for m in b.received[-1:]] == [b"m012"] and b.received[-1][2] == 2
+    nsqd.close()  # b's in-flight messages, shared records among them, flushed to the backend
+    records = [decode_message(r) for r in backends["t:c"].records]
+    assert sorted(r[3] for r in records) == sorted(set(bodies) - {b"m007"})
+    assert {r[0]: r[3] for r in records} == {m[0]: m[3] for m in b.received}
+    assert all(r[2] == m[2] for r, m in zip(sorted(records), sorted(b.received), strict=True))
 
 
 def test_run_with_single_messages_and_requeues_keeps_order(clock: FakeClock) -> None:
