@@ -17,6 +17,7 @@ sends one FIN per message.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeAlias
@@ -75,6 +76,8 @@ MESSAGE_FRAME_HEADER: Final = struct.Struct(">iiqH16s")
 # Timestamp, attempts, ID: the 26-byte header of a message payload (§2.1).
 MESSAGE_HEADER: Final = struct.Struct(">qH16s")
 _MESSAGE = MESSAGE_HEADER
+_FIN_LINE = struct.Struct("4x16s1x")  # "FIN <16-byte id>\n": the ID
+_first = operator.itemgetter(0)
 
 
 class ProtocolError(Exception):
@@ -239,7 +242,7 @@ class CommandParser:
         ):
             return None
         self._pos = last
-        return [block[i + 4 : i + 20] for i in range(0, size, 21)]
+        return list(map(_first, _FIN_LINE.iter_unpack(block)))  # C loops: ~half the slicing's cost
 
     def take_publish(self, data: bytes) -> tuple[bool, bytes, bytes] | None:
         """``(is_mpub, topic, body)`` if nothing is buffered and ``data`` is exactly one

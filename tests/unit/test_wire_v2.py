@@ -819,3 +819,54 @@ def test_frame_parser_waits_for_the_whole_frame() -> None:
 def test_frame_parser_rejects_small_sizes(size: int) -> None:
     with pytest.raises(ValueError):
         FrameParser().feed(struct.pack(">ii", size, 0))
+
+
+def _fin(i: int) -> bytes:
+    return b"FIN %016x\n" % i
+
+
+def test_fin_block_gives_every_id_in_order() -> None:
+    p = parser()
+    p.feed(b"".join(_fin(i) for i in range(300)))
+    assert p.take_fin_block() == [b"%016x" % i for i in range(300)]
+    assert p.next_command() is None  # all consumed
+    p.feed(_fin(7))
+    assert p.take_fin_block() == [b"%016x" % 7]
+
+
+def _outcome(p: CommandParser) -> object:
+    try:
+        return drain(p)
+    except (ProtocolError, ConnectionFailure) as err:
+        return repr(err)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"FIN 0123456789abcde\r\n",  # "FIN <15 bytes>\r\n": Go strips \r, the ID is short
+        b"REQ 0123456789abcdef 0\n",
+        b"FIN 0123456789abcdef0\n",  # 22 bytes: not a run of 21-byte lines
+        b"FIN 0123456789\nabcdef\n",  # 21 bytes, but two lines
+        b"fin 0123456789abcdef\n",
+        b"FIN\t0123456789abcdef\n",
+        b"NOP\n" * 7,
+    ],
+)
+def test_fin_block_refuses_anything_else_and_consumes_nothing(data: bytes) -> None:
+    stream = _fin(1) + data
+    p = parser(STATE_SUBSCRIBED)
+    p.feed(stream)
+    assert p.take_fin_block() is None
+    fresh = parser(STATE_SUBSCRIBED)
+    fresh.feed(stream)
+    assert _outcome(p) == _outcome(fresh)  # the general parse reads it all, from the start
+
+
+def test_fin_block_leaves_an_incomplete_line_for_later() -> None:
+    p = parser(STATE_SUBSCRIBED)
+    p.feed(_fin(1) + _fin(2) + b"FIN 0123")
+    assert p.take_fin_block() == [b"%016x" % 1, b"%016x" % 2]
+    assert p.next_command() is None
+    p.feed(b"456789abcdef\n")
+    assert drain(p) == [([b"FIN", b"0123456789abcdef"], None)]
