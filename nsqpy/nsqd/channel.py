@@ -109,8 +109,9 @@ class Consumer(Protocol):
     finish_count: int
     requeue_count: int
 
-    def send_messages(self, frames: list[bytes], count: int) -> None:
-        """Queue these message frames (header and body pieces) for output."""
+    def send_messages(self, frames: list[bytes], count: int, nbytes: int) -> None:
+        """Queue these ``count`` message frames (header and body pieces, ``nbytes`` in all)
+        for output."""
 
     def close_for_exit(self) -> None:
         """The channel is going away: close the connection."""
@@ -353,7 +354,9 @@ class Channel:
             append = frames.append
             if client.sample_rate or self.policy is not None:
                 take = self._sampled(client, room, frames, now, deadline)
+                nbytes = sum(map(len, frames))
             else:
+                nbytes = 0
                 take = left = room if room < self._depth else self._depth
                 while left:
                     entry = popleft()
@@ -366,6 +369,7 @@ class Channel:
                         size = unpack(payload, pos)[0]
                         step = 4 + size
                         span = count * step
+                        first_pos = pos
                         if pos + span <= len(payload) and all(
                             payload[j : pos + span : step] == payload[j : j + 1] * count
                             for j in range(pos, pos + 4)
@@ -394,6 +398,7 @@ class Channel:
                                 deadline,
                                 now,
                             )
+                        nbytes += pos - first_pos + 30 * count  # <size><body> -> a frame
                         left -= count
                         if count < length:  # the rest of the run stays at the head
                             rest = Run(payload, pos, length - count, prefix, last, timestamp)
@@ -401,7 +406,9 @@ class Channel:
                         continue
                     msg_id, timestamp, attempts, body = entry
                     attempts += 1
-                    append(pack(len(body) + 30, 2, timestamp, attempts, msg_id))
+                    size = len(body) + 30
+                    nbytes += size + 4
+                    append(pack(size, 2, timestamp, attempts, msg_id))
                     append(body)
                     in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
                     left -= 1
@@ -410,7 +417,7 @@ class Channel:
                 client.message_count += take
                 self.delivery_count += take
                 delivered += take
-                client.send_messages(frames, take)
+                client.send_messages(frames, take, nbytes)
         else:
             self._next = (start + 1) % n
         if now:

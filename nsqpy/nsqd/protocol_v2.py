@@ -533,12 +533,12 @@ class ClientV2(asyncio.Protocol):
         self._out.append(frame)
         self._respond_now = True
 
-    def send_messages(self, frames: list[bytes], count: int) -> None:
+    def send_messages(self, frames: list[bytes], count: int, nbytes: int) -> None:
         """Consumer interface: queue message frames, then apply the flush rules."""
         if self._closed:
             return
         self._out += frames
-        self._out_bytes += sum(map(len, frames))
+        self._out_bytes += nbytes
         if self._in_batch or (
             # buffered, the flush timer armed, and none of the flush rules met (the common
             # case of a consumer with RDY to spare): _apply_flush_rules would do nothing

@@ -45,7 +45,8 @@ class FakeConsumer:
         self.received: list[Message] = []
         self._frames = FrameParser()
 
-    def send_messages(self, frames: list[bytes], count: int) -> None:
+    def send_messages(self, frames: list[bytes], count: int, nbytes: int) -> None:
+        assert nbytes == sum(map(len, frames))
         got = self._frames.feed(b"".join(frames))
         assert len(got) == count
         for frame_type, payload in got:

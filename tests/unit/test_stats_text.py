@@ -99,7 +99,8 @@ class FakeClient:
         self.sample_rate = 0
         self.pub_counts: dict[str, int] = {}
 
-    def send_messages(self, frames: list[bytes], count: int) -> None:
+    def send_messages(self, frames: list[bytes], count: int, nbytes: int) -> None:
+        assert nbytes == sum(map(len, frames))
         pass
 
     def close_for_exit(self) -> None:
