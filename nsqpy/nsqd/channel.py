@@ -18,7 +18,6 @@ import struct
 import time
 from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 from nsqpy.nsqd.backend import BackendError, BackendQueue
@@ -96,11 +95,11 @@ InFlight: TypeAlias = Delivery | Flight
 
 def delivery(msg_id: bytes, entry: InFlight) -> Delivery:
     """The in-flight message ``msg_id`` (stored as ``entry``) as a :data:`Delivery`."""
-    return entry if type(entry) is tuple else entry.delivery(msg_id)  # type: ignore[union-attr]
+    return entry if isinstance(entry, tuple) else entry.delivery(msg_id)
 
 
 def _timestamp(entry: InFlight) -> int:
-    return entry[1] if type(entry) is tuple else entry.timestamp  # type: ignore[union-attr]
+    return entry[1] if isinstance(entry, tuple) else entry.timestamp
 
 
 class Consumer(Protocol):
@@ -402,7 +401,9 @@ class Channel:
                                     ),
                                 )
                                 frames += part
-                                in_flight.update(zip(map(prefix.__add__, hexes), repeat(flight)))
+                                in_flight.update(
+                                    zip(map(prefix.__add__, hexes), itertools.repeat(flight))
+                                )
                             pos += span
                         else:
                             pos = self._run_frames(
@@ -655,7 +656,7 @@ class Channel:
     def _expire(self, in_flight: dict[bytes, InFlight], now: float, full_scan: bool) -> bool:
         expired: list[Delivery] = []
         for msg_id, entry in in_flight.items():
-            if (entry[4] if type(entry) is tuple else entry.deadline) <= now:  # type: ignore[union-attr]
+            if (entry[4] if isinstance(entry, tuple) else entry.deadline) <= now:
                 expired.append(delivery(msg_id, entry))
             elif not full_scan:
                 break
