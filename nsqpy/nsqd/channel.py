@@ -49,8 +49,9 @@ if TYPE_CHECKING:
 # first fields).
 _FRAME_HEAD = struct.Struct(">iiqH")
 # A run's part of this many messages or more is framed by C loops (map, struct.iter_unpack,
-# slice assignment) rather than a Python loop: dearer to set up, cheaper per message.
-_C_LOOPS_FROM: Final = 16
+# slice assignment) rather than a Python loop: dearer to set up, cheaper per message (about
+# even at 24-32 messages of 100 B, 20 % cheaper from 48 on).
+_C_LOOPS_FROM: Final = 32
 _first = operator.itemgetter(0)
 
 Delivery: TypeAlias = tuple[bytes, int, int, bytes, float, float]
