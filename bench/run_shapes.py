@@ -12,6 +12,11 @@ accepted TCP connection) and RSS per queued 200-byte message (1,000,000 queued).
 runs of the nsqds alternate shape by shape and round by round, so that a busy
 moment of the machine does not favour one of them.
 
+``--go-tools DIR`` runs NSQ's own ``bench_writer`` and ``bench_reader`` (Go binaries
+in DIR, one connection per GOMAXPROCS, set to the shape's connections) instead of the
+Python ports, as the issue's table was measured; they only send MPUB, so the ``pub``
+and ``http`` shapes keep the Python writer (and reader) and say so.
+
 Standalone like ``run_bench.py``, whose process handling it reuses: nothing here
 imports nsqpy, so a Go nsqd is measured the same way.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -150,7 +156,36 @@ def go_deadline(lead_s: float) -> tuple[str, float]:
     return when.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic() + (when - now).total_seconds()
 
 
-def run_shape(cmd: list[str], shape: Shape, runfor: str, runfor_s: float) -> ShapeResult:
+_GO_RESULT = re.compile(r"duration: (\S+) - [0-9.]+mb/s - ([0-9.]+)ops/s")
+
+
+def run_go_tool(binary: Path, args: list[str], workers: int, timeout_s: float) -> ToolResult:
+    """One of NSQ's Go bench tools, its figures read from its ``duration:`` log line."""
+    env = {**os.environ, "GOMAXPROCS": str(workers)}
+    try:
+        done = subprocess.run(
+            [str(binary), *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{binary.name} did not finish within {timeout_s:.0f}s") from None
+    stderr = done.stderr.decode(errors="replace")
+    found = _GO_RESULT.search(stderr)
+    if done.returncode != 0 or found is None:
+        raise BenchError(f"{binary.name} failed (exit code {done.returncode}):\n{stderr}")
+    seconds = parse_go_duration_s(found.group(1))
+    ops_per_s = float(found.group(2))
+    line = stderr[found.start() :].splitlines()[0]
+    return ToolResult(line=line, stats={"ops": round(ops_per_s * seconds), "ops_per_s": ops_per_s})
+
+
+def run_shape(
+    cmd: list[str], shape: Shape, runfor: str, runfor_s: float, go_tools: Path | None = None
+) -> ShapeResult:
     with running_nsqd(cmd, [f"--mem-queue-size={shape.mem_queue_size}"]) as nsqd:
         create_channel(nsqd.tcp_host, nsqd.tcp_port, TOPIC, CHANNEL)
         deadline, start = go_deadline(1.0)
@@ -167,10 +202,18 @@ def run_shape(cmd: list[str], shape: Shape, runfor: str, runfor_s: float) -> Sha
             writer.append(f"--nsqd-http-address={http_address(nsqd)}")
         reader = [*common, f"--channel={CHANNEL}", f"--rdy={shape.rdy}"]
         results: dict[str, ToolResult | BaseException] = {}
+        use_go = go_tools is not None and shape.mode == "mpub"
 
         def run(name: str, script: str, args: list[str]) -> None:
             try:
-                results[name] = run_tool(script, args, runfor_s + 120.0)
+                if use_go:
+                    assert go_tools is not None
+                    # Go's tools: the same flags but --workers and --mode (GOMAXPROCS instead)
+                    go_args = [a for a in args if not a.startswith(("--workers=", "--mode="))]
+                    binary = go_tools / script.removesuffix(".py")
+                    results[name] = run_go_tool(binary, go_args, shape.workers, runfor_s + 120.0)
+                else:
+                    results[name] = run_tool(script, args, runfor_s + 120.0)
             except BaseException as exc:  # reported by the main thread
                 results[name] = exc
 
@@ -344,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nsqd-bin", action="append", default=[], help="another nsqd to run beside (repeatable)"
     )
+    p.add_argument(
+        "--go-tools",
+        type=Path,
+        default=None,
+        help="a directory with NSQ's Go bench_writer and bench_reader, used for the MPUB shapes",
+    )
     p.add_argument("--runfor", default="5s", help="duration of each shape (Go duration)")
     p.add_argument("--rounds", type=int, default=1, help="runs per shape and nsqd (medians)")
     p.add_argument(
@@ -381,13 +430,21 @@ def main(argv: list[str] | None = None) -> int:
     labels = [label_of(cmd, i) for i, cmd in enumerate(cmds)]
     for label, cmd in zip(labels, cmds, strict=True):
         print(f"{label}: {shlex.join(cmd)} ({nsqd_version(cmd)})")
+    if args.go_tools is not None:
+        for tool in ("bench_writer", "bench_reader"):
+            if not os.access(args.go_tools / tool, os.X_OK):
+                p.error(f"--go-tools: no executable {args.go_tools / tool}")
+        print(
+            f"tools: NSQ's Go bench_writer/bench_reader in {args.go_tools} for the MPUB shapes; "
+            "the Python ports for pub and http"
+        )
     print(f"runfor={args.runfor} rounds={args.rounds} cpus={os.cpu_count()}", flush=True)
     runs: dict[tuple[int, str], list[ShapeResult]] = {}
     try:
         for rnd in range(args.rounds):
             for shape in shapes:
                 for i, cmd in enumerate(cmds):
-                    r = run_shape(cmd, shape, args.runfor, runfor_s)
+                    r = run_shape(cmd, shape, args.runfor, runfor_s, args.go_tools)
                     runs.setdefault((i, shape.name), []).append(r)
                     print(
                         f"round {rnd + 1} {shape.name} {labels[i]}: "
