@@ -231,8 +231,15 @@ class ClientV2(asyncio.Protocol):
     def _publish_one(self, is_mpub: bool, topic: bytes, body: bytes) -> None:
         """A read that is exactly one PUB or MPUB of one message (CommandParser.take_publish):
         what _run_commands does with it, without the general parse. When the OK is all
-        there is to send, it is written at once, without the flush rules' checks."""
+        there is to send, it is written at once, without the flush rules' checks.
+
+        The message is in its channels before the reply; handing it to their consumers
+        waits until the reply is written (as Go's topic pump runs beside the publisher's
+        connection), so that the publisher's round trip does not include the fan-out."""
         self._in_batch = True
+        nsqd = self.nsqd
+        later: list[Channel] = []
+        nsqd.dispatch_after_reply = later
         try:
             if is_mpub:
                 self._publish("MPUB", "E_MPUB_FAILED", topic, [body])
@@ -244,26 +251,40 @@ class ClientV2(asyncio.Protocol):
             return
         finally:
             self._in_batch = False
-        failed = self.nsqd.flush_touched()
+            nsqd.dispatch_after_reply = None
+        failed = nsqd.flush_touched()
         out = self._out
         if (
             len(out) == 1  # the OK: nothing was pending, nothing delivered to this client
             and failed is None
             and not self._held_syncs
             and self._encoder is None
-            and self.nsqd.opts.sync_every != 1
+            and nsqd.opts.sync_every != 1
         ):
             self._out = []
             self._respond_now = False
             self._published = None
             assert self.transport is not None
             self.transport.write(out[0])
-            return
-        if self._acknowledge(failed) and self._out:
+        elif self._acknowledge(failed) and self._out:
             self._apply_flush_rules()
+        for channel in later:
+            channel.dispatch()
 
     def _run_commands(self, parser: CommandParser) -> None:
-        """Handle every complete command buffered, then apply the batch's effects."""
+        """Handle every complete command buffered, then apply the batch's effects; what the
+        batch published reaches consumers after the replies are written (_publish_one)."""
+        nsqd = self.nsqd
+        later: list[Channel] = []
+        nsqd.dispatch_after_reply = later
+        try:
+            self._handle_commands(parser)
+        finally:
+            nsqd.dispatch_after_reply = None
+            for channel in later:
+                channel.dispatch()
+
+    def _handle_commands(self, parser: CommandParser) -> None:
         self._in_batch = True
         # FINs after CLS too (STATE_CLOSING): a consumer that drains before closing sends
         # them all at once then (the Spark connector does).

@@ -157,9 +157,13 @@ class Topic:
                         )
                 raise
             done.append(channel)
+        later = self._nsqd.dispatch_after_reply
         for channel in done:
             if channel.clients:
-                channel.dispatch()
+                if later is None:
+                    channel.dispatch()
+                else:
+                    later.append(channel)
 
     def put_deferred(self, body: bytes, delay: float) -> None:
         """DPUB: the message enters each channel's deferred queue."""

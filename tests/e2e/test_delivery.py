@@ -315,6 +315,36 @@ def test_mpub_100_complete_and_in_order(connect: Connect, topic: str) -> None:
     client.expect_no_frame(0.2)
 
 
+def test_a_publisher_is_answered_before_its_message_fans_out(connect: Connect, topic: str) -> None:
+    """The OK of a PUB (one alone in a read, and two in one read) is written before the
+    message is handed to consumers: a publisher subscribed to the topic itself reads its
+    OK first, as from Go's nsqd, whose topic pump runs beside the publisher's connection."""
+
+    def frames(client: RawClient, n: int) -> list[Frame]:
+        got = []
+        while len(got) < n:
+            frame = client.read_frame(timeout=5.0)
+            if not frame.is_heartbeat:
+                got.append(frame)
+        return got
+
+    def seen(got: list[Frame]) -> list[bytes]:  # responses, and the bodies of messages
+        return [f.data[26:] if f.type == 2 else f.data for f in got]
+
+    client = connect()
+    client.sub(topic, "ch")
+    client.rdy(1)
+    client.send(encode_pub(topic, b"alone"))
+    got = frames(client, 2)
+    assert [f.type for f in got] == [0, 2] and seen(got) == [b"OK", b"alone"]
+    client.fin(got[1].data[10:26])
+    client.rdy(2)
+    client.send(encode_pub(topic, b"one") + encode_mpub(topic, [b"two"]))
+    got = frames(client, 4)
+    assert [f.type for f in got] == [0, 0, 2, 2]
+    assert seen(got) == [b"OK", b"OK", b"one", b"two"]
+
+
 def test_message_ids_and_timestamps(connect: Connect, topic: str) -> None:
     client = connect()
     client.sub(topic, "ch")
