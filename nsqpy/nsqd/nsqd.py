@@ -59,9 +59,10 @@ class NSQD:
         # Channels that have in-flight or deferred messages: the queue scan's sample space.
         self._scan_set: set[Channel] = set()
         self._pump_set: set[Topic] = set()
-        # While a publisher's reply is being made (ClientV2._publish_one): the channels whose
-        # consumers get the new messages once that reply is written (Topic._put_channels).
-        self.dispatch_after_reply: list[Channel] | None = None
+        # While a TCP read's commands run (ClientV2): the channels whose consumers get the
+        # messages published in them once the replies are written (Topic._put_channels); a
+        # dict, so that a channel that many publishes of one read reached is dispatched once.
+        self.dispatch_after_reply: dict[Channel, None] | None = None
         # Set by the server: asks for run_pending() to be called soon.
         self.wakeup: Callable[[], None] = lambda: None
         # Lifecycle listeners (metadata persistence, lookupd registration): (event, topic, channel).

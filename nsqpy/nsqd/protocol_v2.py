@@ -238,7 +238,7 @@ class ClientV2(asyncio.Protocol):
         connection), so that the publisher's round trip does not include the fan-out."""
         self._in_batch = True
         nsqd = self.nsqd
-        later: list[Channel] = []
+        later: dict[Channel, None] = {}
         nsqd.dispatch_after_reply = later
         try:
             if is_mpub:
@@ -275,7 +275,7 @@ class ClientV2(asyncio.Protocol):
         """Handle every complete command buffered, then apply the batch's effects; what the
         batch published reaches consumers after the replies are written (_publish_one)."""
         nsqd = self.nsqd
-        later: list[Channel] = []
+        later: dict[Channel, None] = {}
         nsqd.dispatch_after_reply = later
         try:
             self._handle_commands(parser)

@@ -163,7 +163,7 @@ class Topic:
                 if later is None:
                     channel.dispatch()
                 else:
-                    later.append(channel)
+                    later[channel] = None
 
     def put_deferred(self, body: bytes, delay: float) -> None:
         """DPUB: the message enters each channel's deferred queue."""
