@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -103,6 +103,13 @@ def parse_query(raw_query: str) -> dict[str, list[str]]:
     return values
 
 
+# Query strings already parsed (a producer sends the same ?topic= again and again); the
+# values are shared and never changed. Bounded: emptied when full, long queries skipped.
+_QUERIES: Final[dict[str, dict[str, list[str]]]] = {}
+_CACHED_QUERIES: Final = 256
+_CACHED_QUERY_CHARS: Final = 1024
+
+
 class ReqParams:
     """``http_api.ReqParams``: the query string's values (the body is never read).
 
@@ -110,10 +117,18 @@ class ReqParams:
     """
 
     def __init__(self, request: Request) -> None:
-        try:
-            self.values = parse_query(request.query_string)
-        except QueryError:
-            raise HTTPError(400, "INVALID_REQUEST") from None
+        query = request.query_string
+        values = _QUERIES.get(query)
+        if values is None:
+            try:
+                values = parse_query(query)
+            except QueryError:
+                raise HTTPError(400, "INVALID_REQUEST") from None
+            if len(query) <= _CACHED_QUERY_CHARS:
+                if len(_QUERIES) >= _CACHED_QUERIES:
+                    _QUERIES.clear()
+                _QUERIES[query] = values
+        self.values: Mapping[str, list[str]] = values  # shared by requests with this query
 
     def get(self, key: str) -> str | None:
         """The first value of ``key``, or None when the key is absent."""

@@ -324,9 +324,31 @@ def parse_request_line(line: str) -> tuple[str, str, int]:
     return method, target, minor
 
 
+# Heads already parsed, by their bytes: a keep-alive client usually sends the same head
+# again and again (a producer's POST /pub?topic=...), and a dict lookup is much cheaper
+# than the parse. Bounded: emptied when full, heads longer than _CACHED_HEAD_BYTES skipped.
+_HEADS: Final[dict[bytes, tuple[Any, ...]]] = {}
+_CACHED_HEADS: Final = 256
+_CACHED_HEAD_BYTES: Final = 1024
+
+
 def parse_head(head: bytes) -> Request:
     """A request from its head (the request line through the blank line), as Go's
-    ``readRequest`` reads it; raises :class:`BadRequest` with Go's reply."""
+    ``readRequest`` reads it; raises :class:`BadRequest` with Go's reply.
+
+    Requests with the same head share its :class:`Headers`, which nothing changes."""
+    fields = _HEADS.get(head)
+    if fields is None:
+        fields = _parse_head(head)
+        if len(head) <= _CACHED_HEAD_BYTES:
+            if len(_HEADS) >= _CACHED_HEADS:
+                _HEADS.clear()
+            _HEADS[head] = fields
+    return Request(*fields)
+
+
+def _parse_head(head: bytes) -> tuple[Any, ...]:
+    """:func:`parse_head`'s work: the arguments of the :class:`Request`."""
     text = head.decode("utf-8", "surrogateescape")
     if "\r" in text:
         text = text.replace("\r\n", "\n")
@@ -390,7 +412,7 @@ def parse_head(head: bytes) -> Request:
         else:
             keep_alive = "keep-alive" in [t.strip() for t in tokens.split(",")]
     expect = values.get("expect")
-    return Request(
+    return (
         method,
         target,
         path,
@@ -399,7 +421,7 @@ def parse_head(head: bytes) -> Request:
         Headers(values),
         content_length,
         keep_alive,
-        expect_continue=expect is not None and minor == 1 and expect.lower() == "100-continue",
+        expect is not None and minor == 1 and expect.lower() == "100-continue",
     )
 
 
@@ -520,8 +542,52 @@ def _reason(status: int) -> str:
     return reason
 
 
+# Encoded heads by what they depend on but the date: the bytes before the Date line's value
+# and after it (through the blank line), and whether the body follows. Bounded as _HEADS.
+_REPLY_HEADS: Final[dict[tuple[Any, ...], tuple[bytes, bytes, bool]]] = {}
+_CACHED_REPLY_HEADS: Final = 256
+
+
 def encode_response(response: Response, request: Request, keep_alive: bool) -> bytes:
     """The bytes of ``response`` to ``request``, ``keep_alive`` or not."""
+    body = response.body
+    key = (
+        response.status,
+        response.reason,
+        *response.headers.items(),
+        len(body),
+        request.version[1],
+        request.method == "HEAD",
+        keep_alive,
+    )
+    parts = _REPLY_HEADS.get(key)
+    if parts is None:
+        parts = _encode_head(response, request, keep_alive)
+        if len(_REPLY_HEADS) >= _CACHED_REPLY_HEADS:
+            _REPLY_HEADS.clear()
+        _REPLY_HEADS[key] = parts
+    before, after, with_body = parts
+    head = before + _date() + after
+    return head + body if with_body else head
+
+
+_date_second_b = -1
+_date_b = b""
+
+
+def _date() -> bytes:
+    """:func:`http_date` of the current second, encoded (cached for the second)."""
+    global _date_second_b, _date_b
+    second = int(time.time())
+    if second != _date_second_b:
+        _date_second_b, _date_b = second, http_date(second).encode()
+    return _date_b
+
+
+def _encode_head(
+    response: Response, request: Request, keep_alive: bool
+) -> tuple[bytes, bytes, bool]:
+    """:func:`encode_response`'s head, cut around the Date line's value."""
     status = response.status
     headers = response.headers
     body = response.body
@@ -535,15 +601,17 @@ def encode_response(response: Response, request: Request, keep_alive: bool) -> b
             lines.append(f"Content-Length: {len(body)}\r\n")
         if body and not head_only and "Content-Type" not in headers:
             lines.append("Content-Type: application/octet-stream\r\n")
-    lines.append(f"Date: {http_date()}\r\n")
+    lines.append("Date: ")
+    before = "".join(lines).encode("utf-8", "surrogateescape")
+    lines = ["\r\n"]
     if keep_alive:
         if minor == 0:
             lines.append("Connection: keep-alive\r\n")
     elif minor == 1:
         lines.append("Connection: close\r\n")
     lines.append("\r\n")
-    head = "".join(lines).encode("utf-8", "surrogateescape")
-    return head if bodiless or head_only or not body else head + body
+    after = "".join(lines).encode("ascii")
+    return before, after, not (bodiless or head_only or not body)
 
 
 # -- the connection -------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from nsqpy.common import httpserver
+from nsqpy.common.httpapi import HTTPError, ReqParams
 from nsqpy.common.httplimits import MAX_HEADER_BYTES, TOO_LARGE
 from nsqpy.common.httpserver import (
     BadRequest,
@@ -205,6 +207,69 @@ def test_reply_headers_in_aiohttp_order_with_date_and_connection() -> None:
         b"Content-Length: 3\r\nDate: " + date.encode() + b"\r\n\r\n"
     )
     assert b"Content-Length" not in encode_response(Response(200), head, keep_alive=True)
+
+
+def test_the_same_head_twice_gives_two_requests_with_their_own_bodies() -> None:
+    head = b"POST /pub?topic=t HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n"
+    first, second = parse_head(head), parse_head(bytes(head))  # the second from the cache
+    assert first is not second
+    assert (second.method, second.path, second.query_string, second.content_length) == (
+        "POST",
+        "/pub",
+        "topic=t",
+        2,
+    )
+    assert dict(second.headers.items()) == {"host": "h", "content-length": "2"}
+    first._add(b"ab")
+    first._end()
+    assert (first._parts, first._complete) == ([b"ab"], True)
+    assert (second._parts, second._complete, second._size) == ([], False, 0)
+
+
+def test_head_cache_is_bounded_and_keeps_no_refusal() -> None:
+    for n in range(3 * httpserver._CACHED_HEADS):
+        assert parse_head(f"GET /{n} HTTP/1.1\r\nHost: h\r\n\r\n".encode()).path == f"/{n}"
+        assert len(httpserver._HEADS) <= httpserver._CACHED_HEADS
+    long_head = b"GET / HTTP/1.1\r\nHost: h\r\nX: " + b"x" * 2000 + b"\r\n\r\n"
+    assert parse_head(long_head).headers["x"] == "x" * 2000
+    assert long_head not in httpserver._HEADS
+    bad = b"GET / HTTP/1.1\r\n\r\n"  # no Host: refused each time it comes
+    for _ in range(2):
+        with pytest.raises(BadRequest):
+            parse_head(bad)
+    assert bad not in httpserver._HEADS
+
+
+def test_a_reused_reply_head_takes_the_current_date_and_its_own_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    request = _request(b"POST /pub HTTP/1.1\r\nHost: h\r\n\r\n")
+    headers = {"X-NSQ-Content-Type": "nsq; version=1.0", "Content-Type": "text/plain"}
+    monkeypatch.setattr(httpserver.time, "time", lambda: 784111777.5)
+    first = encode_response(Response(200, b"OK", dict(headers)), request, keep_alive=True)
+    monkeypatch.setattr(httpserver.time, "time", lambda: 784111778.25)
+    second = encode_response(Response(200, b"NO", dict(headers)), request, keep_alive=True)
+    head = (
+        b"HTTP/1.1 200 OK\r\nX-NSQ-Content-Type: nsq; version=1.0\r\n"
+        b"Content-Type: text/plain\r\nContent-Length: 2\r\nDate: "
+    )
+    assert first == head + b"Sun, 06 Nov 1994 08:49:37 GMT\r\n\r\nOK"
+    assert second == head + b"Sun, 06 Nov 1994 08:49:38 GMT\r\n\r\nNO"
+    closing = encode_response(Response(200, b"OK", dict(headers)), request, keep_alive=False)
+    assert closing.endswith(b"GMT\r\nConnection: close\r\n\r\nOK")
+    longer = encode_response(Response(200, b"OK!", dict(headers)), request, keep_alive=True)
+    assert b"Content-Length: 3\r\n" in longer and longer.endswith(b"\r\n\r\nOK!")
+
+
+def test_query_values_are_reused_and_a_bad_query_refused_each_time() -> None:
+    ok = _request(b"GET /stats?topic=a&topic=b&x= HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert ReqParams(ok).values == {"topic": ["a", "b"], "x": [""]}
+    assert ReqParams(ok).get("topic") == "a"
+    bad = _request(b"GET /stats?topic=a;b HTTP/1.1\r\nHost: h\r\n\r\n")
+    for _ in range(2):
+        with pytest.raises(HTTPError) as err:
+            ReqParams(bad)
+        assert (err.value.status, err.value.text) == (400, "INVALID_REQUEST")
 
 
 def test_http_date_is_imf_fixdate() -> None:
