@@ -164,14 +164,22 @@ class CommandParser:
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
-        if self._pending or (self._need and len(self._buf) - self._pos + len(data) < self._need):
-            self._pending.append(data)
+        pending = self._pending
+        if pending or (self._need and len(self._buf) - self._pos + len(data) < self._need):
+            pending.append(data)
             self._pending_len += len(data)
             if len(self._buf) - self._pos + self._pending_len < self._need:
                 return
-            data = b"".join(self._pending)
-            self._pending.clear()
+            if self._pos < len(self._buf):
+                # what is left of the buffer joins in the same copy (a large body's start)
+                self._buf = b"".join([memoryview(self._buf)[self._pos :], *pending])
+            else:
+                self._buf = b"".join(pending)
+            pending.clear()
             self._pending_len = 0
+            self._pos = 0
+            self._need = 0
+            return
         if self._pos >= len(self._buf):
             self._buf = data
         else:
