@@ -130,9 +130,11 @@ class CommandParser:
         "_buf",
         "_mpub",
         "_need",
+        "_need_body",
         "_pending",
         "_pending_len",
         "_pos",
+        "_ready",
         "_short",
         "_valid_topic",
         "max_body_size",
@@ -161,6 +163,10 @@ class CommandParser:
         self._mpub: tuple[list[bytes], list[bytes], int, int, bool] | None = None
         # The topic name take_publish last found valid.
         self._valid_topic = b""
+        # The wait is for one body of a split MPUB (its size at _pos): it is joined exactly,
+        # out of the buffer and the reads that complete it, into _ready (see _take_body).
+        self._need_body = False
+        self._ready: bytes | None = None
 
     def feed(self, data: bytes) -> None:
         """Add received bytes."""
@@ -170,22 +176,41 @@ class CommandParser:
             self._pending_len += len(data)
             if len(self._buf) - self._pos + self._pending_len < self._need:
                 return
-            if self._pos < len(self._buf):
-                # what is left of the buffer joins in the same copy (a large body's start)
-                self._buf = b"".join([memoryview(self._buf)[self._pos :], *pending])
+            if self._need_body:
+                self._take_body(pending, self._pending_len)
             else:
-                self._buf = b"".join(pending)
+                if self._pos < len(self._buf):
+                    # what is left of the buffer joins in the same copy (a body's start)
+                    self._buf = b"".join([memoryview(self._buf)[self._pos :], *pending])
+                else:
+                    self._buf = b"".join(pending)
+                self._pos = 0
             pending.clear()
             self._pending_len = 0
-            self._pos = 0
-            self._need = 0
-            return
-        if self._pos >= len(self._buf):
+        elif self._need_body and self._need:
+            self._take_body([data], len(data))
+        elif self._pos >= len(self._buf):
             self._buf = data
+            self._pos = 0
         else:
             self._buf = self._buf[self._pos :] + data
-        self._pos = 0
+            self._pos = 0
         self._need = 0
+
+    def _take_body(self, reads: list[bytes], size: int) -> None:
+        """The awaited body of a split MPUB, out of the buffer's rest (its 4-byte size
+        first) and ``reads`` (``size`` bytes, the last of them complete it): joined into
+        ``_ready`` in one copy, which no slice copies again; the last read, where the body
+        ends, becomes the buffer."""
+        last = reads[-1]
+        # the bytes past the body are all in the last read: before it the body was short
+        cut = len(last) - (len(self._buf) - self._pos + size - self._need)
+        self._ready = b"".join(
+            [memoryview(self._buf)[self._pos + 4 :], *reads[:-1], memoryview(last)[:cut]]
+        )
+        self._buf = last
+        self._pos = cut
+        self._need_body = False
 
     def truncated_error(self) -> ProtocolError | None:
         """The "failed to read ..." error due if the input ends now, in the middle of a
@@ -196,7 +221,8 @@ class CommandParser:
 
     def buffered(self) -> int:
         """Bytes received but not yet consumed by a complete command."""
-        return len(self._buf) - self._pos + self._pending_len
+        ready = 0 if self._ready is None else 4 + len(self._ready)
+        return len(self._buf) - self._pos + self._pending_len + ready
 
     def next_command(self) -> Command | None:
         """The next complete command, or ``None`` until more bytes are fed."""
@@ -404,6 +430,11 @@ class CommandParser:
     def _mpub_messages(self) -> Command | None:
         assert self._mpub is not None
         params, pieces, i, count, split = self._mpub
+        ready = self._ready
+        if ready is not None:  # the body waited for, joined as it completed (_take_body)
+            self._ready = None
+            pieces.append(ready)
+            i += 1
         buf = self._buf
         max_msg_size = self.max_msg_size
         unpack = _INT32.unpack_from
@@ -423,6 +454,7 @@ class CommandParser:
             if n < end:
                 self._mpub_wait(pieces, start, p, i)
                 self._wait(end, "E_BAD_MESSAGE", "MPUB failed to read message body")
+                self._need_body = split
                 return None
             if split:
                 pieces.append(buf[p + 4 : end])

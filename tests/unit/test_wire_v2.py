@@ -507,6 +507,21 @@ def test_buffered_counts_pending_chunks() -> None:
     assert p.buffered() == 0
 
 
+def test_buffered_counts_a_body_joined_as_it_completed() -> None:
+    bodies = [b"a" * 5000, b"b" * 5000]  # split: each body comes on its own
+    data = encode_mpub("t", bodies)
+    p = parser(max_msg_size=1 << 20, max_body_size=1 << 22)
+    head = len(b"MPUB t\n") + 8  # consumed once the MPUB's sizes are read
+    p.feed(data[:3000])
+    assert p.next_command() is None
+    assert p.buffered() == 3000 - head
+    p.feed(data[3000:6000])  # completes the first body: joined, not yet taken
+    assert p.buffered() == 6000 - head
+    p.feed(data[6000:])
+    assert p.next_command() == ([b"MPUB", b"t"], bodies)
+    assert p.buffered() == 0
+
+
 def test_large_mpub_in_random_chunks() -> None:
     rng = random.Random(1234)
     bodies = [rng.randbytes(rng.randint(1, 200)) for _ in range(5000)]
