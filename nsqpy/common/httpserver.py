@@ -495,7 +495,7 @@ class ChunkedDecoder:
 # -- replies --------------------------------------------------------------------------------
 
 _date_second = -1
-_date_text = ""
+_date_bytes = b""
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = (
     "",
@@ -516,18 +516,22 @@ _MONTHS: Final = (
 
 def http_date(now: float | None = None) -> str:
     """RFC 9110's IMF-fixdate of ``now`` (default: the current second, cached)."""
-    global _date_second, _date_text
-    second = int(time.time() if now is None else now)
+    if now is None:
+        return _date().decode()
+    t = time.gmtime(int(now))
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
+
+
+def _date() -> bytes:
+    """:func:`http_date` of the current second, encoded (made once a second)."""
+    global _date_second, _date_bytes
+    second = int(time.time())
     if second != _date_second:
-        t = time.gmtime(second)
-        text = (
-            f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon]} {t.tm_year} "
-            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
-        )
-        if now is not None:
-            return text
-        _date_second, _date_text = second, text
-    return _date_text
+        _date_second, _date_bytes = second, http_date(second).encode()
+    return _date_bytes
 
 
 def _reason(status: int) -> str:
@@ -569,19 +573,6 @@ def encode_response(response: Response, request: Request, keep_alive: bool) -> b
     before, after, with_body = parts
     head = before + _date() + after
     return head + body if with_body else head
-
-
-_date_second_b = -1
-_date_b = b""
-
-
-def _date() -> bytes:
-    """:func:`http_date` of the current second, encoded (cached for the second)."""
-    global _date_second_b, _date_b
-    second = int(time.time())
-    if second != _date_second_b:
-        _date_second_b, _date_b = second, http_date(second).encode()
-    return _date_b
 
 
 def _encode_head(

@@ -187,7 +187,7 @@ class CommandParser:
                 self._pos = 0
             pending.clear()
             self._pending_len = 0
-        elif self._need_body and self._need:
+        elif self._need_body:  # (a wait, then: the body arrived in this read)
             self._take_body([data], len(data))
         elif self._pos >= len(self._buf):
             self._buf = data
