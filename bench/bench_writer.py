@@ -13,6 +13,10 @@ MPUB of ``--batch-size`` messages of ``--size`` bytes, wait for its ``OK``.
 per round trip (pynsq's and go-nsq's ``Publish``), ``http`` one ``POST /pub``
 per request on a keep-alive connection to ``--nsqd-http-address``.
 
+``--rate`` (not in Go's tool) paces the requests: that many per second, shared by
+the workers, instead of as many as nsqd answers; the figure of interest is then
+nsqd's CPU per message at a load most nsqds see, not the throughput.
+
 Output, like Go's (``log`` prefix, stderr)::
 
     [bench_writer] 2024/01/02 15:04:05 duration: 10.000213s - 38.147mb/s - 200000.000ops/s - 5.000us/op
@@ -83,6 +87,8 @@ class WorkerConfig:
     mode: str = "mpub"
     http_host: str = ""
     http_port: int = 0
+    interval_ns: int = 0  # --rate: this worker's time between requests (0: no pacing)
+    workers: int = 1
 
 
 def open_publisher(cfg: WorkerConfig) -> tuple[socket.socket, bytes, int, Callable[[bytes], None]]:
@@ -144,8 +150,23 @@ def pub_worker(
     sendall = sock.sendall
     recv = sock.recv
     clock = time.monotonic_ns
+    interval = cfg.interval_ns
     try:
-        while True:
+        if interval:
+            due = start_ns.value + idx * interval // cfg.workers  # workers spread out
+            while True:
+                wait = due - clock()
+                if wait > 0:
+                    time.sleep(wait / 1e9)
+                sendall(request)
+                reply = recv(65536)
+                if reply != OK_FRAME:
+                    check(reply)
+                count += batch
+                due += interval
+                if due >= end_ns:
+                    break
+        while not interval:
             sendall(request)
             reply = recv(65536)
             if reply != OK_FRAME:
@@ -174,12 +195,20 @@ def _own_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nsqd-http-address", default="127.0.0.1:4151", help="<addr>:<port> for --mode http"
     )
+    p.add_argument(
+        "--rate",
+        type=int,
+        default=0,
+        help="requests per second, all workers together (default 0: as fast as answered)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p, args, run = parse_args(PROG, __doc__, argv, _own_args)
     if args.size < 1 or args.batch_size < 1 or args.workers < 1:
         p.error("--size, --batch-size and --workers must be >= 1")
+    if args.rate < 0:
+        p.error("--rate must be >= 0")
     try:
         http_host, http_port = split_hostport(args.nsqd_http_address)
     except ValueError as exc:
@@ -195,13 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         args.mode,
         http_host,
         http_port,
+        args.workers * 1_000_000_000 // args.rate if args.rate else 0,
+        args.workers,
     )
     try:
         start, results = run_workers(PROG, pub_worker, cfg, run)
     except RuntimeError as exc:
         log(str(exc), PROG)
         return 1
-    report(PROG, run, start, results, {"batch_size": batch, "mode": args.mode})
+    report(PROG, run, start, results, {"batch_size": batch, "mode": args.mode, "rate": args.rate})
     return 0
 
 

@@ -66,7 +66,8 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Shape:
-    """One load: ``mode`` is bench_writer's (mpub, pub, http)."""
+    """One load: ``mode`` is bench_writer's (mpub, pub, http); ``rate`` paces the writer
+    (requests per second; 0: as fast as answered), where server CPU is the figure."""
 
     name: str
     size: int
@@ -75,6 +76,7 @@ class Shape:
     workers: int = 2
     mem_queue_size: int = 1_000_000
     rdy: int = 2500
+    rate: int = 0
 
 
 SHAPES = [
@@ -84,6 +86,9 @@ SHAPES = [
     Shape("200B-mpub1", 200, 1),
     Shape("200B-pub", 200, 1, mode="pub"),
     Shape("200B-http-pub", 200, 1, mode="http"),
+    # paced: what a moderately loaded nsqd spends per message
+    Shape("200B-pub-at-1k", 200, 1, mode="pub", rate=1_000),
+    Shape("200B-pub-at-10k", 200, 1, mode="pub", rate=10_000),
     Shape("10KB-b20", 10 * KB, 20),
     # big bodies: a bounded memory queue (≤ ~1 GB), the rest goes to disk as in NSQ
     Shape("100KB-b20", 100 * KB, 20, mem_queue_size=10_000, rdy=200),
@@ -198,6 +203,8 @@ def run_shape(
             f"--deadline={deadline}",
         ]
         writer = [*common, f"--batch-size={shape.batch}", f"--mode={shape.mode}"]
+        if shape.rate:
+            writer.append(f"--rate={shape.rate}")
         if shape.mode == "http":
             writer.append(f"--nsqd-http-address={http_address(nsqd)}")
         reader = [*common, f"--channel={CHANNEL}", f"--rdy={shape.rdy}"]
