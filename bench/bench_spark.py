@@ -47,7 +47,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def start_nsqd(data_path: str) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_nsqd(
+    data_path: str, extra: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -59,6 +61,7 @@ def start_nsqd(data_path: str) -> tuple[subprocess.Popen[bytes], str, str]:
             "--https-address=",
             "--mem-queue-size=10000000",
             f"--data-path={data_path}",
+            *(extra or []),
         ],
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -430,6 +433,9 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--nsqd-tcp")
     parser.add_argument("--nsqd-http")
+    parser.add_argument(
+        "--nsqd-arg", action="append", default=[], help="an extra flag for the nsqd started"
+    )
     parser.add_argument("--skip-source", action="store_true", help="no source runs (sink only)")
     parser.add_argument("--skip-sink", action="store_true")
     parser.add_argument("--sink-rounds", type=int, default=2, help="rounds of the sink figures")
@@ -442,7 +448,7 @@ def main() -> None:
             tcp, http = args.nsqd_tcp, args.nsqd_http
         else:
             os.makedirs(os.path.join(work, "nsqd"))
-            nsqd, tcp, http = start_nsqd(os.path.join(work, "nsqd"))
+            nsqd, tcp, http = start_nsqd(os.path.join(work, "nsqd"), args.nsqd_arg)
         os.environ.update(
             {
                 "PYSPARK_PYTHON": sys.executable,
