@@ -273,6 +273,10 @@ class Response:
         self.reason = reason
 
 
+def _nothing() -> None:
+    pass
+
+
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
@@ -652,6 +656,7 @@ class HTTPConnection(asyncio.Protocol):
     def __init__(self, server: HTTPServer, secure: bool) -> None:
         self._server = server
         self._secure = secure
+        self._input_seen = server.input_seen
         self._transport: asyncio.Transport | None = None
         self._peername: Any = None
         self._inbox = bytearray()  # received bytes not yet parsed (the next heads)
@@ -700,6 +705,7 @@ class HTTPConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        self._input_seen()
         self._active = True
         start = 0
         if self._body is not None:
@@ -938,6 +944,8 @@ class HTTPServer:
         self._listeners: list[asyncio.AbstractServer] = []
         self._connections: set[HTTPConnection] = set()
         self._idle: asyncio.Future[None] | None = None
+        # told of every read (common/idlepoll.py); set before listening
+        self.input_seen: Callable[[], None] = _nothing
 
     async def listen_tcp(
         self, host: str | None, port: int, ssl: ssl.SSLContext | None = None

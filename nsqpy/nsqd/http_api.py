@@ -116,6 +116,7 @@ class NSQDHTTPServer:
         ``--https-address`` when TLS is configured."""
         track_gc_pauses()
         self._http = HTTPServer(self._handle, self.logger)
+        self._http.input_seen = self.nsqd.input_seen
         tls_context: ssl.SSLContext | None = getattr(self.server, "tls_context", None)
         if tls_context is not None and self.opts.https_address:
             self.https_address, self.https_port = await self._listen(

@@ -270,6 +270,13 @@ class Options:
         kind=Kind.INT,
         help="most consumers per channel on this nsqd (0 = unlimited)",
     )
+    idle_poll: float = flag(
+        "idle-poll",
+        0.0001,
+        kind=Kind.DURATION,
+        help="longest the event loop polls for more input before it sleeps; adapts to the "
+        "load, 0 = sleep at once (beyond NSQ: docs/ARCHITECTURE.md)",
+    )
 
     # message policies (beyond NSQ: docs/POLICIES.md); per topic/channel over HTTP
     max_attempts: int = flag(
@@ -458,6 +465,8 @@ def validate(opts: Options) -> None:
         raise OptionsError("--message-ttl must be >= 0")
     if opts.max_queue_depth < 0:
         raise OptionsError("--max-queue-depth must be >= 0")
+    if not 0 <= opts.idle_poll <= 0.01:
+        raise OptionsError("--idle-poll must be [0,10ms]")
     suffix = opts.dead_letter_topic_suffix
     if suffix and (not is_valid_topic_name("t" + suffix) or is_ephemeral("t" + suffix)):
         raise OptionsError(

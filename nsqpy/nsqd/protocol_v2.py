@@ -83,6 +83,7 @@ class ClientV2(asyncio.Protocol):
     ) -> None:
         opts = nsqd.opts
         self.nsqd = nsqd
+        self._input_seen = nsqd.input_seen
         self._registry = registry
         # Security and compression (spec §2.4, §7.10, §7.11): what the server offers, what
         # this connection negotiated, and the codecs applied once per batch read/written.
@@ -209,6 +210,7 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        self._input_seen()
         self._last_read = time.monotonic()
         parser = self.parser
         if parser is None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from nsqpy.common.idlepoll import IdlePoll
 from nsqpy.common.log import Logger
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.auth import AuthClient
@@ -65,6 +66,8 @@ class NSQDServer:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self.nsqd.wakeup = self._wakeup
+        if self.opts.idle_poll > 0:
+            self.nsqd.input_seen = IdlePoll(loop, self.opts.idle_poll).input
         self.nsqd.run_in_thread = self._run_in_thread
         opts = self.opts
         if self.tls_context is None:

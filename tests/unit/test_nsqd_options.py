@@ -72,6 +72,7 @@ SPEC_FLAGS: dict[str, tuple[str | None, object]] = {
     "message-ttl": ("message_ttl", 0.0),
     "max-queue-depth": ("max_queue_depth", 0),
     "dead-letter-topic-suffix": ("dead_letter_topic_suffix", ""),
+    "idle-poll": ("idle_poll", 0.0001),
     "statsd-address": ("statsd_address", ""),
     "statsd-interval": ("statsd_interval", 60.0),
     "statsd-mem-stats": ("statsd_mem_stats", True),
@@ -396,6 +397,16 @@ def test_node_id_range(node_id: int) -> None:
 @pytest.mark.parametrize("node_id", [0, 1023])
 def test_node_id_bounds_ok(node_id: int) -> None:
     assert valid(node_id=node_id).node_id == node_id
+
+
+@pytest.mark.parametrize("window", [-0.000001, 0.0100001, 1.0])
+def test_idle_poll_range(window: float) -> None:
+    invalid("--idle-poll must be [0,10ms]", idle_poll=window)
+
+
+@pytest.mark.parametrize("window", [0.0, 0.01])
+def test_idle_poll_bounds_ok(window: float) -> None:
+    assert valid(idle_poll=window).idle_poll == window
 
 
 @pytest.mark.parametrize("level", [0, 10])
