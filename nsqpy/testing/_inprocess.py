@@ -5,6 +5,9 @@ started the way :func:`nsqpy.nsqd.app.serve` does), without a process around it:
 interpreter start-up and no imports to pay per server, so a test gets a ready nsqd in
 a few milliseconds. It shares the caller's loop, so blocking clients must not be used
 against it from that loop's thread; use :class:`~nsqpy.testing.NSQD` for those.
+
+Its loop is the test's, where the clients run too: polling after input (``--idle-poll``)
+would only spin it, so it is off unless asked for (``AsyncNSQD(idle_poll="100us")``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,9 @@ class AsyncNSQD:
         if self.server is not None:
             return self
         try:
-            opts = parse_nsqd_args([*flag_args(self.flags), *self.args]).options
+            # the last occurrence of a flag wins: the caller's --idle-poll, if any
+            argv = ["--idle-poll=0", *flag_args(self.flags), *self.args]
+            opts = parse_nsqd_args(argv).options
             validate(opts)
         except (GoFlagsError, OptionsError) as err:
             raise ServerError(f"nsqd: {err}") from None

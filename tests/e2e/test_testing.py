@@ -120,6 +120,8 @@ def test_async_nsqd_runs_on_the_callers_loop() -> None:
         started = time.monotonic()
         async with AsyncNSQD(mem_queue_size=1) as nsqd:
             ready = time.monotonic() - started
+            assert nsqd.server is not None
+            assert nsqd.server.opts.idle_poll == 0  # the test's own loop does not spin
             await nsqd.pub("t", b"a")
             await nsqd.mpub("t", [b"b", b"c"])
             stats = await nsqd.stats("t")
@@ -136,6 +138,18 @@ def test_async_nsqd_runs_on_the_callers_loop() -> None:
 
     ready = asyncio.run(scenario())
     assert ready < 1.0, ready  # target < 0.3 s
+
+
+def test_async_nsqd_polls_when_asked() -> None:
+    async def scenario() -> None:
+        async with AsyncNSQD(idle_poll="100us") as nsqd:
+            assert nsqd.server is not None
+            assert nsqd.server.opts.idle_poll == pytest.approx(0.0001)
+            assert nsqd.server.nsqd.input_seen.__qualname__ == "IdlePoll.input"
+            await nsqd.pub("t", b"a")
+            assert (await nsqd.stats("t"))["topics"][0]["depth"] == 1
+
+    asyncio.run(scenario())
 
 
 def test_public_api_is_small() -> None:
