@@ -273,10 +273,6 @@ class Response:
         self.reason = reason
 
 
-def _nothing() -> None:
-    pass
-
-
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
 
@@ -944,8 +940,8 @@ class HTTPServer:
         self._listeners: list[asyncio.AbstractServer] = []
         self._connections: set[HTTPConnection] = set()
         self._idle: asyncio.Future[None] | None = None
-        # told of every read (common/idlepoll.py); set before listening
-        self.input_seen: Callable[[], None] = _nothing
+        # told of every read (common/idlepoll.py; returns its time); set before listening
+        self.input_seen: Callable[[], float] = time.monotonic
 
     async def listen_tcp(
         self, host: str | None, port: int, ssl: ssl.SSLContext | None = None

@@ -74,8 +74,9 @@ class IdlePoll:
         self._idle = 0.0  # loop turns that found no input, in this period (seconds)
         self._period_end = 0.0
 
-    def input(self) -> None:
-        """Input arrived: adapt the window to the gap since the last, and poll after it."""
+    def input(self) -> float:
+        """Input arrived: adapt the window to the gap since the last, and poll after it.
+        Returns the clock's time of it (the reader's time.monotonic())."""
         now = self._clock()
         gap = now - self._last
         self._last = now
@@ -91,10 +92,11 @@ class IdlePoll:
                 self._period_end = now + _PERIOD
                 self._idle = 0.0
             elif self._idle >= self._budget:
-                return
+                return now
             self._polling = True
             self._prev = now
             self._loop.call_soon(self._poll)
+        return now
 
     def _poll(self) -> None:
         now = self._clock()

@@ -34,10 +34,6 @@ PUMP_BUDGET = 10_000
 MAX_SCAN_ROUNDS = 16
 
 
-def _nothing() -> None:
-    pass
-
-
 class NSQD:
     """Topics and channels of one nsqd, and the operations on them."""
 
@@ -69,8 +65,9 @@ class NSQD:
         self.dispatch_after_reply: dict[Channel, None] | None = None
         # Set by the server: asks for run_pending() to be called soon.
         self.wakeup: Callable[[], None] = lambda: None
-        # Set by the server: told of every read (common/idlepoll.py), before it is handled.
-        self.input_seen: Callable[[], None] = _nothing
+        # Set by the server: told of every read before it is handled (common/idlepoll.py);
+        # returns the time.monotonic() of it.
+        self.input_seen: Callable[[], float] = time.monotonic
         # Lifecycle listeners (metadata persistence, lookupd registration): (event, topic, channel).
         self.listeners: list[Callable[[str, Topic | None, Channel | None], None]] = []
         # Durability

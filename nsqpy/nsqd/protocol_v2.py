@@ -210,8 +210,7 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        self._input_seen()
-        self._last_read = time.monotonic()
+        self._last_read = self._input_seen()  # time.monotonic(), or IdlePoll's reading of it
         parser = self.parser
         if parser is None:
             data = self._read_magic(data)

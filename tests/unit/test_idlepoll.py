@@ -50,7 +50,7 @@ def grown(loop: asyncio.AbstractEventLoop, clock: Clock, largest: float) -> Idle
 def test_window_grows_while_input_comes_back_quickly(loop: asyncio.AbstractEventLoop) -> None:
     clock = Clock()
     poll = IdlePoll(loop, 100 * US, clock=clock)
-    poll.input()  # the first input: a long gap since "never"
+    assert poll.input() == clock.now  # the first input (a long gap since "never"); its time
     assert poll.window == 0
     windows = []
     for _ in range(5):
