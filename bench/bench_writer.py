@@ -166,14 +166,15 @@ def pub_worker(
                 due += interval
                 if due >= end_ns:
                     break
-        while not interval:
-            sendall(request)
-            reply = recv(65536)
-            if reply != OK_FRAME:
-                check(reply)
-            count += batch
-            if clock() >= end_ns:
-                break
+        else:
+            while True:
+                sendall(request)
+                reply = recv(65536)
+                if reply != OK_FRAME:
+                    check(reply)
+                count += batch
+                if clock() >= end_ns:
+                    break
         finished = clock()
     except (OSError, ProtocolError) as exc:
         result_q.put(("error", idx, f"worker {idx}: {exc}"))
