@@ -310,6 +310,9 @@ class Channel:
         if self.topology is not None:  # zone-local consumers first, then region-local
             self.topology.dispatch(clients, self._dispatch_pass)
             return
+        if self._depth == 1 and self.policy is None and not self._backend.depth():
+            self._dispatch_one()
+            return
         if len(clients) == 1:
             self._dispatch_pass(0)
             return
@@ -325,6 +328,38 @@ class Channel:
             share = -(-queued // ready) if ready > 1 else 0
             if not self._dispatch_pass(share) or not share:
                 return
+
+    def _dispatch_one(self) -> None:
+        """The one message queued (a PUB's, most often) to the next consumer with room:
+        what _dispatch_pass does with it, without the set-up of a batch."""
+        clients = self.clients
+        n = len(clients)
+        start = self._next
+        for k in range(n):
+            client = clients[(start + k) % n]
+            if client.ready_count > len(client.in_flight):
+                break
+        else:
+            return
+        entry = self._memory[0]
+        if len(entry) == 6 or client.sample_rate:  # a Run, or sampling: the general pass
+            self._dispatch_pass(0)
+            return
+        self._memory.popleft()
+        self._depth = 0
+        self._next = (start + k + 1) % n
+        msg_id, timestamp, attempts, body = entry
+        attempts += 1
+        now = time.monotonic()
+        deadline = now + client.msg_timeout
+        client.in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
+        client.message_count += 1
+        self.delivery_count += 1
+        size = len(body) + 30
+        client.send_messages(
+            [MESSAGE_FRAME_HEADER.pack(size, 2, timestamp, attempts, msg_id), body], 1, size + 4
+        )
+        self._nsqd.scan_candidate(self)
 
     def _dispatch_pass(self, share: int, order: Sequence[Consumer] | None = None) -> int:
         """One round over the consumers (or over ``order``, first to last), each taking up

@@ -237,38 +237,45 @@ class ClientV2(asyncio.Protocol):
         The message is in its channels before the reply; handing it to their consumers
         waits until the reply is written (as Go's topic pump runs beside the publisher's
         connection), so that the publisher's round trip does not include the fan-out."""
-        self._in_batch = True
         nsqd = self.nsqd
+        topic_name = wire_str(topic)
         later: dict[Channel, None] = {}
         nsqd.dispatch_after_reply = later
+        self._in_batch = True
         try:
-            if is_mpub:
-                self._publish("MPUB", "E_MPUB_FAILED", topic, [body])
-            else:
-                self._publish("PUB", "E_PUB_FAILED", topic, [body])
-        except ProtocolError as err:
+            if nsqd.exiting:
+                raise BackendError("exiting")
+            target = nsqd.topics.get(topic_name)
+            if target is None:
+                target = nsqd.get_topic(topic_name)
+            target.put_one(body)
+        except BackendError as err:
+            cmd = "MPUB" if is_mpub else "PUB"
             self._in_batch = False
-            self._fail(err)  # fatal: the connection closes
+            self._fail(ProtocolError(f"E_{cmd}_FAILED", f"{cmd} failed {err}"))  # fatal
             return
         finally:
             self._in_batch = False
             nsqd.dispatch_after_reply = None
+        counts = self.pub_counts
+        counts[topic_name] = counts.get(topic_name, 0) + 1
         failed = nsqd.flush_touched()
-        out = self._out
         if (
-            len(out) == 1  # the OK: nothing was pending, nothing delivered to this client
+            not self._out  # nothing pending, nothing delivered to this client meanwhile
             and failed is None
             and not self._held_syncs
             and self._encoder is None
             and nsqd.opts.sync_every != 1
         ):
-            self._out = []
-            self._respond_now = False
-            self._published = None
             assert self.transport is not None
-            self.transport.write(out[0])
-        elif self._acknowledge(failed) and self._out:
-            self._apply_flush_rules()
+            self.transport.write(FRAME_OK)
+        else:
+            self._published = self._published or (
+                ("E_MPUB_FAILED", "MPUB") if is_mpub else ("E_PUB_FAILED", "PUB")
+            )
+            self._respond(FRAME_OK)
+            if self._acknowledge(failed) and self._out:
+                self._apply_flush_rules()
         for channel in later:
             channel.dispatch()
 

@@ -123,6 +123,12 @@ class Topic:
         self._queue(entries, count, size)
         return count
 
+    def put_one(self, body: bytes) -> None:
+        """PUB (and MPUB of one): put_messages([body]) without its batch cases."""
+        if self.exiting:
+            raise BackendError("exiting")
+        self._queue([(self._ids.new_id(), time.time_ns(), 0, body)], 1, len(body))
+
     def put_copies(self, copies: list[tuple[int, bytes]]) -> None:
         """Publish ``(timestamp_ns, body)`` messages keeping their timestamps (dead letters,
         policy.py): new IDs, attempts from zero; all or none (raises BackendError)."""

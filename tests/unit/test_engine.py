@@ -346,6 +346,45 @@ def test_round_robin_between_two_consumers(clock: FakeClock) -> None:
     assert b.bodies == [b"1", b"3", b"5", b"7", b"9"]
 
 
+def test_a_pub_goes_to_the_next_consumer_with_room(clock: FakeClock) -> None:
+    """One message queued (a PUB) takes Channel._dispatch_one: the rotation skips a full
+    consumer and goes on after the one served; the in-flight record is a delivery's."""
+    nsqd, _ = make_nsqd()
+    topic = nsqd.get_topic("t")
+    ch = topic.get_channel("c")
+    a, b, c = FakeConsumer(msg_timeout=30.0), FakeConsumer(), FakeConsumer()
+    for consumer, ready in ((a, 100), (b, 1), (c, 100)):
+        ch.add_client(consumer)
+        rdy(ch, consumer, ready)
+    for i in range(5):
+        pub(topic, b"%d" % i)
+    assert (a.bodies, b.bodies, c.bodies) == ([b"0", b"3"], [b"1"], [b"2", b"4"])
+    msg_id, timestamp, attempts, _ = a.received[0]
+    assert attempts == 1
+    assert a.in_flight[msg_id] == (msg_id, timestamp, 1, b"0", 1030.0, 1000.0)
+    assert (a.message_count, b.message_count, ch.delivery_count, ch.depth) == (2, 1, 5, 0)
+    for consumer in (a, b, c):
+        rdy(ch, consumer, len(consumer.in_flight))  # every one full: the PUB waits
+    pub(topic, b"5")
+    assert ch.depth == 1
+    assert sum(len(x.received) for x in (a, b, c)) == 5
+    fin(ch, b, b.last_id)
+    assert b.bodies == [b"1", b"5"]
+    assert ch.depth == 0
+
+
+def test_a_pub_to_a_sampling_consumer_takes_the_general_pass(
+    clock: FakeClock, seeded: random.Random
+) -> None:
+    nsqd, _ = make_nsqd()
+    ch, consumer = subscribe(nsqd, "t", "c", ready=2500, sample_rate=50)
+    topic = nsqd.get_topic("t")
+    for i in range(400):
+        pub(topic, b"%d" % i)
+    assert 140 < len(consumer.received) < 260  # rand[0,100) <= 50: about 51%
+    assert ch.depth == 0  # the others are dropped
+
+
 def test_two_consumers_share_a_backlog_by_rdy(clock: FakeClock) -> None:
     nsqd, _ = make_nsqd()
     topic = nsqd.get_topic("t")
