@@ -76,6 +76,7 @@ class DiskBackend:
         "_on_activity",
         "_on_gone",
         "after_next_sync",
+        "depth",
         "dq",
         "on_synced",
         "rerun",
@@ -89,6 +90,8 @@ class DiskBackend:
         on_gone: Callable[[DiskBackend], None],
     ) -> None:
         self.dq = dq
+        # asked at every delivery: the disk queue's own method, not one more call around it
+        self.depth: Callable[[], int] = dq.depth
         self._on_activity = on_activity
         self._on_gone = on_gone
         self.syncing = False
@@ -122,9 +125,6 @@ class DiskBackend:
             raise BackendError(str(err)) from None
         finally:
             self._on_activity(self)
-
-    def depth(self) -> int:
-        return self.dq.depth()
 
     def empty(self) -> None:
         try:

@@ -334,9 +334,10 @@ class Channel:
         what _dispatch_pass does with it, without the set-up of a batch."""
         clients = self.clients
         n = len(clients)
-        start = self._next
-        for k in range(n):
-            client = clients[(start + k) % n]
+        k = self._next % n
+        for _ in clients:
+            client = clients[k]
+            k = k + 1 if k + 1 < n else 0
             if client.ready_count > len(client.in_flight):
                 break
         else:
@@ -347,7 +348,7 @@ class Channel:
             return
         self._memory.popleft()
         self._depth = 0
-        self._next = (start + k + 1) % n
+        self._next = k  # the one after the consumer served
         msg_id, timestamp, attempts, body = entry
         attempts += 1
         now = time.monotonic()
