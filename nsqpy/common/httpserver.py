@@ -274,6 +274,9 @@ class Response:
 
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+# A route answered at once from a request whose whole body came with its head (see
+# HTTPServer.quick_routes): a Response, or None to leave the request to the handler.
+QuickHandler = Callable[[Request, bytes], "Response | None"]
 
 
 # -- the head -------------------------------------------------------------------------------
@@ -653,6 +656,7 @@ class HTTPConnection(asyncio.Protocol):
         self._server = server
         self._secure = secure
         self._input_seen = server.input_seen
+        self._quick = server.quick_routes
         self._transport: asyncio.Transport | None = None
         self._peername: Any = None
         self._inbox = bytearray()  # received bytes not yet parsed (the next heads)
@@ -762,6 +766,15 @@ class HTTPConnection(asyncio.Protocol):
             pos = head_end
             request.secure = self._secure
             request.peername = self._peername
+            if self._quick:
+                quick = self._quick.get(request.path)
+                length = request.content_length
+                if quick is not None and length is not None and pos + length <= end:
+                    response = quick(request, bytes(buf[pos : pos + length]))
+                    if response is not None:
+                        pos += length
+                        self._reply(request, response)
+                        continue
             self._current = request  # a broken body is the handler's to see (Go: a 500)
             if not request._complete:
                 request._connection = self
@@ -862,6 +875,9 @@ class HTTPConnection(asyncio.Protocol):
     def _finish(self, request: Request, response: Response) -> None:
         self._current = None
         request._connection = None
+        self._reply(request, response)
+
+    def _reply(self, request: Request, response: Response) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -942,6 +958,9 @@ class HTTPServer:
         self._idle: asyncio.Future[None] | None = None
         # told of every read (common/idlepoll.py; returns its time); set before listening
         self.input_seen: Callable[[], float] = time.monotonic
+        # By path: answered without the handler when the body came whole with the head
+        # (a publisher's POST), unless the quick handler returns None. Set before listening.
+        self.quick_routes: dict[str, QuickHandler] = {}
 
     async def listen_tcp(
         self, host: str | None, port: int, ssl: ssl.SSLContext | None = None

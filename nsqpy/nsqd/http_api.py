@@ -37,6 +37,7 @@ from nsqpy.common.httpapi import (
     ReqParams,
     Router,
     text_response,
+    v1_response,
 )
 from nsqpy.common.httpserver import BodyError, BodyTooLarge, HTTPServer, Request, Response
 from nsqpy.common.log import LogLevel
@@ -68,6 +69,7 @@ __all__ = ["NSQDHTTPServer"]
 BOOL_PARAMS: Final = {"true": True, "1": True, "false": False, "0": False}
 
 _INT64 = re.compile(r"[+-]?[0-9]+\Z")
+_OK: Final = v1_response("OK")  # /pub's reply (nothing changes a Response once made)
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
@@ -117,6 +119,7 @@ class NSQDHTTPServer:
         track_gc_pauses()
         self._http = HTTPServer(self._handle, self.logger)
         self._http.input_seen = self.nsqd.input_seen
+        self._http.quick_routes["/pub"] = self._pub_now
         tls_context: ssl.SSLContext | None = getattr(self.server, "tls_context", None)
         if tls_context is not None and self.opts.https_address:
             self.https_address, self.https_port = await self._listen(
@@ -295,6 +298,37 @@ class NSQDHTTPServer:
             delay = delay_ms / 1000
         self._publish(topic, [body], delay)
         return "OK"
+
+    def _pub_now(self, request: Request, body: bytes) -> Response | None:
+        """``POST /pub`` whose body came with its head, answered without the router and
+        the handler's coroutine (the server's quick route). Whatever is not a plain
+        publish (an error, ``defer``, ``--tls-required``) returns None, and _pub answers
+        it; so does a refused put, which queued nothing."""
+        if (
+            request.method != "POST"
+            or not body
+            or len(body) > self.opts.max_msg_size
+            or (self.opts.tls_required == TLSRequired.REQUIRED and not request.secure)
+        ):
+            return None
+        try:
+            params = ReqParams(request)
+        except HTTPError:
+            return None
+        name = params.get("topic")
+        nsqd = self.nsqd
+        if name is None or "defer" in params.values or nsqd.exiting:
+            return None
+        topic = nsqd.topics.get(name)
+        if topic is None:
+            if not is_valid_topic_name(name):
+                return None
+            topic = nsqd.get_topic(name)
+        try:
+            topic.put_one(body)
+        except BackendError:
+            return None
+        return _OK
 
     async def _mpub(self, request: Request, _: str) -> object:
         opts = self.opts

@@ -333,6 +333,57 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     assert replies.count(b"Connection: close") == 1
 
 
+def test_quick_routes_answer_whole_requests_and_leave_the_rest_to_the_handler() -> None:
+    """A quick route answers a request whose body came with its head, in order with the
+    handler's replies; its None, a body still to come, or a chunked body go the usual
+    way; its reply to a closing request closes the connection."""
+    seen: list[bytes] = []
+
+    def quick(request: Request, body: bytes) -> Response | None:
+        seen.append(body)
+        return None if body == b"no" else Response(200, b"quick " + body)
+
+    async def scenario(port: int) -> tuple[bytes, bytes]:
+        split = await _exchange(
+            port,
+            b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nConnection: close\r\n\r\nde",
+            b"fg",
+            pause=0.05,
+        )
+        pipelined = await _exchange(
+            port,
+            b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+            b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n"
+            b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nno"
+            b"POST /q HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n"
+            b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nConnection: close\r\n\r\nh"
+            b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\ni",
+        )
+        return split, pipelined
+
+    server = HTTPServer(_echo)
+    server.quick_routes["/q"] = quick
+
+    async def run() -> tuple[bytes, bytes]:
+        _, port = (await server.listen_tcp("127.0.0.1", 0))[:2]
+        try:
+            return await scenario(port)
+        finally:
+            await server.close()
+
+    split, pipelined = arun(run())
+    assert _bodies(split) == [b"POST /q 4 defg"]  # the body came after its head
+    assert _bodies(pipelined) == [
+        b"quick abc",
+        b"GET /slow 0 ",
+        b"POST /q 2 no",
+        b"POST /q 1 z",
+        b"quick h",
+    ]
+    assert pipelined.count(b"Connection: close") == 1  # and nothing after that reply
+    assert seen == [b"abc", b"no", b"h"]  # whole bodies only: not the chunked one
+
+
 def test_http10_closes_unless_kept_alive() -> None:
     replies = arun(_serving(lambda port: _exchange(port, b"GET /x HTTP/1.0\r\n\r\n")))
     assert replies.startswith(b"HTTP/1.0 200 OK\r\n") and b"Connection" not in replies
