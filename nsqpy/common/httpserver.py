@@ -276,7 +276,7 @@ class Response:
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # A route answered at once from a request whose whole body came with its head (see
 # HTTPServer.quick_routes): a Response, or None to leave the request to the handler.
-QuickHandler = Callable[[Request, bytes], "Response | None"]
+QuickHandler = Callable[[Request, bytes], Response | None]
 
 
 # -- the head -------------------------------------------------------------------------------

@@ -235,8 +235,6 @@ class NSQDHTTPServer:
         try:
             if delay > 0:
                 topic.put_deferred(bodies[0], delay)
-            elif len(bodies) == 1:
-                topic.put_one(bodies[0])
             else:
                 topic.put_messages(bodies)
         except BackendError as err:

@@ -111,10 +111,9 @@ class Topic:
             payload, count = bodies
             entries = list(new_runs(payload, count, time.time_ns(), self._ids.new_spans(count)))
             size = len(payload) - 4 * count
-        elif len(bodies) == 1:  # a PUB (or MPUB of one): one tuple, not the zip machinery
-            count = 1
-            entries = [(self._ids.new_id(), time.time_ns(), 0, bodies[0])]
-            size = len(bodies[0])
+        elif len(bodies) == 1:
+            self.put_one(bodies[0])
+            return 1
         else:
             count = len(bodies)
             ids = self._ids.new_ids(count)
