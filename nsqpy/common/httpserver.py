@@ -770,7 +770,10 @@ class HTTPConnection(asyncio.Protocol):
                 quick = self._quick.get(request.path)
                 length = request.content_length
                 if quick is not None and length is not None and pos + length <= end:
-                    response = quick(request, bytes(buf[pos : pos + length]))
+                    try:
+                        response = quick(request, bytes(buf[pos : pos + length]))
+                    except Exception as err:  # as a handler that raises: a 500, logged
+                        response = self._server.crashed(err)
                     if response is not None:
                         pos += length
                         self._reply(request, response)

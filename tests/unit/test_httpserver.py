@@ -336,11 +336,14 @@ def test_pipelined_requests_are_answered_in_order() -> None:
 def test_quick_routes_answer_whole_requests_and_leave_the_rest_to_the_handler() -> None:
     """A quick route answers a request whose body came with its head, in order with the
     handler's replies; its None, a body still to come, or a chunked body go the usual
-    way; its reply to a closing request closes the connection."""
+    way; one that raises is a 500, as a handler that does; its reply to a closing request
+    closes the connection."""
     seen: list[bytes] = []
 
     def quick(request: Request, body: bytes) -> Response | None:
         seen.append(body)
+        if body == b"boom":
+            raise RuntimeError("quick route failed")
         return None if body == b"no" else Response(200, b"quick " + body)
 
     async def scenario(port: int) -> tuple[bytes, bytes]:
@@ -355,6 +358,7 @@ def test_quick_routes_answer_whole_requests_and_leave_the_rest_to_the_handler() 
             b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
             b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n"
             b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nno"
+            b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nboom"
             b"POST /q HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n"
             b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nConnection: close\r\n\r\nh"
             b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\ni",
@@ -377,11 +381,12 @@ def test_quick_routes_answer_whole_requests_and_leave_the_rest_to_the_handler() 
         b"quick abc",
         b"GET /slow 0 ",
         b"POST /q 2 no",
+        b"500 Internal Server Error",  # a quick route that raises, as a handler that does
         b"POST /q 1 z",
         b"quick h",
     ]
     assert pipelined.count(b"Connection: close") == 1  # and nothing after that reply
-    assert seen == [b"abc", b"no", b"h"]  # whole bodies only: not the chunked one
+    assert seen == [b"abc", b"no", b"boom", b"h"]  # whole bodies only: not the chunked one
 
 
 def test_http10_closes_unless_kept_alive() -> None:
