@@ -335,6 +335,9 @@ class LookupPeers:
         self._started = False
         self._http: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # new topics whose nsqlookupds are being asked for channels, with the channels
+        # deleted here meanwhile: the late answer must not create those again
+        self._deleted_while_asking: dict[Topic, set[str]] = {}
         # Set once any nsqlookupd has answered an IDENTIFY (its HTTP address is known).
         self.identified = asyncio.Event()
 
@@ -436,6 +439,9 @@ class LookupPeers:
                 cmd = encode_register(channel.topic_name, channel.name)
             else:
                 cmd = encode_unregister(channel.topic_name, channel.name)
+                deleted = self._deleted_while_asking.get(topic) if topic is not None else None
+                if deleted is not None:
+                    deleted.add(channel.name)
         elif topic is not None:
             branch = "topic"
             if event == "topic_created":
@@ -460,6 +466,7 @@ class LookupPeers:
             return  # topics from nsqd.dat have their channels already
         if self.peers:
             topic.hold()  # until the known channels exist, like Go's topic startChan
+            self._deleted_while_asking[topic] = set()
             self._spawn(self._create_known_channels(topic))
 
     async def _create_known_channels(self, topic: Topic) -> None:
@@ -472,6 +479,7 @@ class LookupPeers:
         try:
             await self._create_known_channels_held(topic)
         finally:
+            self._deleted_while_asking.pop(topic, None)
             topic.release()
 
     async def _create_known_channels_held(self, topic: Topic) -> None:
@@ -505,6 +513,9 @@ class LookupPeers:
         nsqd = self.server.nsqd
         if nsqd.topics.get(topic.name) is not topic or topic.exiting:
             return  # deleted (or deleted and created again) meanwhile
+        # Go asks before the topic is handed out, so its answer never holds a channel made
+        # here since; this one may (our own REGISTER), and one deleted meanwhile stays so.
+        names -= self._deleted_while_asking.get(topic, set())
         for name in sorted(names):
             if is_ephemeral(name):
                 continue  # do not create an ephemeral channel with no consumer

@@ -303,32 +303,38 @@ def _run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
+async def _started_lookupd(logger: Logger) -> NSQLookupd:
+    lookupd = NSQLookupd(
+        LookupdOptions(
+            tcp_address="127.0.0.1:0", http_address="127.0.0.1:0", broadcast_address="127.0.0.1"
+        ),
+        logger,
+    )
+    await lookupd.start()
+    return lookupd
+
+
+def _nsqd_options(tmp_path: Path, lookupd_address: str, **kw: Any) -> NSQDOptions:
+    """An in-process nsqd on free ports that registers with ``lookupd_address``."""
+    return NSQDOptions(
+        tcp_address="127.0.0.1:0",
+        http_address="127.0.0.1:0",
+        https_address="",
+        data_path=str(tmp_path),
+        broadcast_address="127.0.0.1",
+        lookupd_tcp_addresses=[lookupd_address],
+        **kw,
+    )
+
+
 def test_in_process_peers(tmp_path: Path) -> None:
     """set_addresses (PUT /config/nsqlookupd_tcp_addresses) and an early topic, in one loop."""
     quiet = Logger("", LogLevel.FATAL)
 
     async def scenario() -> None:
-        lookupds = []
-        for _ in range(2):
-            lookupd = NSQLookupd(
-                LookupdOptions(
-                    tcp_address="127.0.0.1:0",
-                    http_address="127.0.0.1:0",
-                    broadcast_address="127.0.0.1",
-                ),
-                quiet,
-            )
-            await lookupd.start()
-            lookupds.append(lookupd)
+        lookupds = [await _started_lookupd(quiet) for _ in range(2)]
         first, second = lookupds
-        opts = NSQDOptions(
-            tcp_address="127.0.0.1:0",
-            http_address="127.0.0.1:0",
-            https_address="",
-            data_path=str(tmp_path),
-            broadcast_address="127.0.0.1",
-            lookupd_tcp_addresses=[first.tcp_address],
-        )
+        opts = _nsqd_options(tmp_path, first.tcp_address)
         server = NSQDServer(opts, quiet)
         first.db.add_registration(Registration("channel", "early", "known"))
         await server.start()
@@ -367,6 +373,58 @@ def test_in_process_peers(tmp_path: Path) -> None:
     _run(scenario)
 
 
+def test_in_process_late_channel_list_does_not_bring_back_a_deleted_channel(
+    tmp_path: Path,
+) -> None:
+    """A new topic asks nsqlookupd for its channels without blocking; when the answer
+    comes after this nsqd made and deleted a channel (its own REGISTER is in the answer),
+    that channel stays deleted, here and on nsqlookupd. Go asks before the topic exists."""
+    quiet = Logger("", LogLevel.FATAL)
+
+    async def scenario() -> None:
+        lookupd = await _started_lookupd(quiet)
+        route = lookupd.http.router.routes["/channels"]["GET"]
+        answer, asked = asyncio.Event(), asyncio.Event()
+        channels_of = route.handler
+
+        async def late_channels(*args: Any) -> Any:
+            asked.set()
+            await answer.wait()
+            return await channels_of(*args)
+
+        object.__setattr__(route, "handler", late_channels)
+        server = NSQDServer(_nsqd_options(tmp_path, lookupd.tcp_address), quiet)
+        await server.start()
+        try:
+            assert server.lookup is not None
+            await _poll(
+                lambda: bool(server.lookup and server.lookup.http_addresses()), "identified"
+            )
+            topic = server.nsqd.get_topic("t")
+            await asyncio.wait_for(asked.wait(), 5)
+            for name in ("c1", "c2"):
+                topic.get_channel(name)
+            db = lookupd.db
+            await _poll(
+                lambda: (
+                    bool(db.find_producers("channel", "t", "c1"))
+                    and bool(db.find_producers("channel", "t", "c2"))
+                ),
+                "both registered",
+            )
+            topic.delete_channel("c1")
+            await _poll(lambda: not db.find_producers("channel", "t", "c1"), "c1 unregistered")
+            answer.set()  # the answer lists c1 and c2, as registered a moment ago
+            await _poll(lambda: not topic._held, "the answer applied")
+            assert sorted(topic.channels) == ["c2"]
+            assert not db.find_producers("channel", "t", "c1")
+        finally:
+            await server.stop()
+            await lookupd.stop()
+
+    _run(scenario)
+
+
 def test_in_process_unhealthy_lookupd(tmp_path: Path) -> None:
     """A lookupd that does not answer, then refuses IDENTIFY, then works: nsqd keeps trying."""
     quiet = Logger("", LogLevel.FATAL)
@@ -400,15 +458,7 @@ def test_in_process_unhealthy_lookupd(tmp_path: Path) -> None:
 
         fake = await asyncio.start_server(fake_lookupd, "127.0.0.1", 0)
         host, fake_port = fake.sockets[0].getsockname()[:2]
-        opts = NSQDOptions(
-            tcp_address="127.0.0.1:0",
-            http_address="127.0.0.1:0",
-            https_address="",
-            data_path=str(tmp_path),
-            broadcast_address="127.0.0.1",
-            lookupd_tcp_addresses=[f"{host}:{fake_port}"],
-            http_client_request_timeout=0.2,
-        )
+        opts = _nsqd_options(tmp_path, f"{host}:{fake_port}", http_client_request_timeout=0.2)
         server = NSQDServer(opts, quiet)
         await server.start()
         try:
