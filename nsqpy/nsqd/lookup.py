@@ -14,7 +14,8 @@ connection registers the state of that moment.
 
 A topic created outside nsqd.dat loading asks the nsqlookupds' HTTP ``/channels``
 for the topic's channels and creates the non-ephemeral ones, without blocking the
-event loop (Go blocks the creating goroutine instead).
+event loop (Go blocks the creating goroutine instead); the answer may come after this
+nsqd made and deleted one of them, which then stays deleted.
 """
 
 from __future__ import annotations
