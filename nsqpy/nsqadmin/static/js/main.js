@@ -3,6 +3,7 @@
 import { config } from "./ui.js";
 import { attachChartHover, redrawHover } from "./chart.js";
 import { errorState } from "./ui.js";
+import { actionRunning, leavePage } from "./api.js";
 import streams from "./views/streams.js";
 import topic from "./views/topic.js";
 import channel from "./views/channel.js";
@@ -67,13 +68,13 @@ function match(path) {
 }
 
 async function refresh() {
-  if (!current) return;
+  if (!current || actionRunning()) return;
   const mine = current;
   try {
     await mine.controller.refresh();
     if (mine === current) mine.failed = false;
   } catch (err) {
-    if (mine !== current) return;
+    if (mine !== current || err.aborted) return;
     if (!mine.loaded) showPageError(err);
     mine.failed = true;
     console.warn("refresh failed", err);
@@ -109,6 +110,7 @@ export async function navigate() {
   const path = relativePath();
   const found = match(path);
   if (current && current.controller.dispose) current.controller.dispose();
+  leavePage();
   clearTimeout(timer);
   hidePageError();
   document.querySelectorAll("[data-nav]").forEach((a) => {
@@ -120,8 +122,13 @@ export async function navigate() {
     document.title = "nsqadmin";
     return;
   }
-  app.innerHTML = '<div class="loading">Loading…</div>';
-  const controller = found.view.mount(app, found.params, { refreshNow: () => refresh() });
+  // Each page gets an element of its own: a refresh of the page before, still in flight
+  // (say the topic just deleted, answering TOPIC_NOT_FOUND), writes into its own element,
+  // now detached, instead of over this page.
+  const root = document.createElement("div");
+  root.innerHTML = '<div class="loading">Loading…</div>';
+  app.replaceChildren(root);
+  const controller = found.view.mount(root, found.params, { refreshNow: () => refresh() });
   current = { view: found.view, controller, loaded: false };
   document.title = `${found.view.title(found.params)} · nsqadmin`;
   await refresh();

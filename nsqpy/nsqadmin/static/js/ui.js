@@ -1,5 +1,6 @@
 // Shared page pieces: confirmation dialog, flash messages, headers, tiles, tables.
 
+import { duringAction } from "./api.js";
 import { html } from "./html.js";
 import { num } from "./format.js";
 
@@ -42,7 +43,7 @@ export function flash(kind, text, { timeout } = {}) {
 export async function runAction({ title, body, confirmLabel, danger = true, call, done }) {
   if (!(await confirmAction({ title, body, confirmLabel, danger }))) return false;
   try {
-    const result = await call();
+    const result = await duringAction(call);
     if (result && result.message) flash("warning", result.message);
     else flash("success", done);
     return true;
