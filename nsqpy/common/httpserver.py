@@ -276,7 +276,12 @@ class Response:
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # A route answered at once from a request whose whole body came with its head (see
 # HTTPServer.quick_routes): a Response, or None to leave the request to the handler.
+# The route keeps neither the request (a connection hands the same Request to each
+# request with the same head) nor changes a Response it returns again and again (whose
+# head a connection encodes once).
 QuickHandler = Callable[[Request, bytes], Response | None]
+# The longest head a connection remembers for its quick lane (HTTPConnection._lane_head)
+_LANE_HEAD_BYTES: Final = 1024
 
 
 # -- the head -------------------------------------------------------------------------------
@@ -557,6 +562,16 @@ _CACHED_REPLY_HEADS: Final = 256
 
 def encode_response(response: Response, request: Request, keep_alive: bool) -> bytes:
     """The bytes of ``response`` to ``request``, ``keep_alive`` or not."""
+    before, after, with_body = encoded_head(response, request, keep_alive)
+    head = before + _date() + after
+    return head + response.body if with_body else head
+
+
+def encoded_head(
+    response: Response, request: Request, keep_alive: bool
+) -> tuple[bytes, bytes, bool]:
+    """:func:`encode_response`'s head, cut around the Date line's value, and whether the
+    body follows it."""
     body = response.body
     key = (
         response.status,
@@ -573,9 +588,7 @@ def encode_response(response: Response, request: Request, keep_alive: bool) -> b
         if len(_REPLY_HEADS) >= _CACHED_REPLY_HEADS:
             _REPLY_HEADS.clear()
         _REPLY_HEADS[key] = parts
-    before, after, with_body = parts
-    head = before + _date() + after
-    return head + body if with_body else head
+    return parts
 
 
 def _encode_head(
@@ -673,6 +686,17 @@ class HTTPConnection(asyncio.Protocol):
         self._refused = False  # input is dropped until the close
         self._active = True  # something was received since the idle timer last looked
         self._timer: asyncio.TimerHandle | None = None
+        # The lane: the head of the last request a quick route answered on this kept-alive
+        # connection, with its Request (reused: a quick route keeps none), its route, the
+        # length of its body and the encoded head of its reply. A request with the very
+        # same head (a publisher's POSTs, one after another) skips the parse and the
+        # encoding.
+        self._lane_head = b""
+        self._lane_request: Request | None = None
+        self._lane_quick: QuickHandler | None = None
+        self._lane_length = 0
+        self._lane_response: Response | None = None
+        self._lane_parts: tuple[bytes, bytes, bool] = (b"", b"", False)
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -734,6 +758,17 @@ class HTTPConnection(asyncio.Protocol):
                 pos += 1  # empty lines before a request line are ignored (RFC 9112 2.2)
             if pos == end:
                 break
+            replayed = False
+            lane = self._lane_head
+            if lane and buf.startswith(lane, pos):
+                body_end = pos + len(lane) + self._lane_length
+                if body_end <= end:
+                    self._scanned = 0
+                    self._line_checked = False
+                    if self._replay(bytes(buf[body_end - self._lane_length : body_end])):
+                        pos = body_end
+                        continue
+                    replayed = True  # the route said no: the handler's, as in full below
             head_end = find_head_end(buf, max(pos, pos + self._scanned - 3))
             if head_end < 0:
                 if end - pos > MAX_HEADER_BYTES:
@@ -758,15 +793,16 @@ class HTTPConnection(asyncio.Protocol):
             if head_end - pos > MAX_HEADER_BYTES:
                 self._refuse(TOO_LARGE)
                 return
+            head = bytes(buf[pos:head_end])
             try:
-                request = parse_head(bytes(buf[pos:head_end]))
+                request = parse_head(head)
             except BadRequest as err:
                 self._refuse(err.reply)
                 return
             pos = head_end
             request.secure = self._secure
             request.peername = self._peername
-            if self._quick:
+            if self._quick and not replayed:
                 quick = self._quick.get(request.path)
                 length = request.content_length
                 if quick is not None and length is not None and pos + length <= end:
@@ -776,6 +812,13 @@ class HTTPConnection(asyncio.Protocol):
                         response = self._server.crashed(err)
                     if response is not None:
                         pos += length
+                        if request.keep_alive and len(head) <= _LANE_HEAD_BYTES:
+                            self._lane_head = head
+                            self._lane_request = request
+                            self._lane_quick = quick
+                            self._lane_length = length
+                            self._lane_response = response
+                            self._lane_parts = encoded_head(response, request, True)
                         self._reply(request, response)
                         continue
             self._current = request  # a broken body is the handler's to see (Go: a 500)
@@ -885,7 +928,12 @@ class HTTPConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         keep_alive = request.keep_alive and not self._closing and not self._server.closing
-        transport.write(encode_response(response, request, keep_alive))
+        if response is self._lane_response and request is self._lane_request and keep_alive:
+            before, after, with_body = self._lane_parts
+            head = before + _date() + after
+            transport.write(head + response.body if with_body else head)
+        else:
+            transport.write(encode_response(response, request, keep_alive))
         if self._body is request:
             self._store_body = False  # unread: drained so the next request can be read
             request._parts = []
@@ -897,6 +945,19 @@ class HTTPConnection(asyncio.Protocol):
                 # Drain the rest of the body first, so that the client reads the reply
                 # rather than a reset; LINGER_TIMEOUT at most.
                 asyncio.get_running_loop().call_later(LINGER_TIMEOUT, transport.abort)
+
+    def _replay(self, body: bytes) -> bool:
+        """Answer a request with the lane's head through the lane's route; False when
+        the route leaves it to the handler."""
+        request = cast(Request, self._lane_request)
+        try:
+            response = cast(QuickHandler, self._lane_quick)(request, body)
+        except Exception as err:  # as a handler that raises: a 500, logged
+            response = self._server.crashed(err)
+        if response is None:
+            return False
+        self._reply(request, response)
+        return True
 
     def _close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():

@@ -389,6 +389,54 @@ def test_quick_routes_answer_whole_requests_and_leave_the_rest_to_the_handler() 
     assert seen == [b"abc", b"no", b"boom", b"h"]  # whole bodies only: not the chunked one
 
 
+def test_a_quick_routes_repeated_head_takes_the_lane_with_the_same_outcomes() -> None:
+    """Requests with the head of the last one a quick route answered on the connection
+    are handed to the route without a parse, whether in one packet or from the buffer
+    behind a slow handler: the same replies (a fresh Date each), the route called once
+    for each, its None left to the handler, and a body still to come read as usual."""
+    seen: list[tuple[Request, bytes]] = []
+
+    def quick(request: Request, body: bytes) -> Response | None:
+        seen.append((request, body))
+        if body == b"boo":
+            raise RuntimeError("quick route failed")
+        return None if body == b"nop" else Response(200, b"quick " + body)
+
+    head = b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n"
+    closing = b"POST /q HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nConnection: close\r\n\r\n"
+    server = HTTPServer(_echo)
+    server.quick_routes["/q"] = quick
+
+    async def run() -> bytes:
+        _, port = (await server.listen_tcp("127.0.0.1", 0))[:2]
+        try:
+            return await _exchange(
+                port,
+                head + b"abc" + head + b"xyz" + head + b"nop" + head + b"boo" + head + b"ab",
+                b"c" + head + b"def" + closing + b"h",
+                pause=0.05,
+            )
+        finally:
+            await server.close()
+
+    replies = arun(run())
+    assert _bodies(replies) == [
+        b"quick abc",
+        b"quick xyz",
+        b"POST /q 3 nop",  # the route's None: the handler's, the route not asked again
+        b"500 Internal Server Error",
+        b"POST /q 3 abc",  # its body came later: the handler's
+        b"quick def",
+        b"quick h",
+    ]
+    assert replies.count(b"\r\nDate: ") == 7
+    assert replies.count(b"Connection: close") == 1
+    assert [body for _, body in seen] == [b"abc", b"xyz", b"nop", b"boo", b"def", b"h"]
+    lane = seen[0][0]
+    assert all(request is lane for request, _ in seen[:5])  # parsed once
+    assert seen[5][0] is not lane and not seen[5][0].keep_alive
+
+
 def test_http10_closes_unless_kept_alive() -> None:
     replies = arun(_serving(lambda port: _exchange(port, b"GET /x HTTP/1.0\r\n\r\n")))
     assert replies.startswith(b"HTTP/1.0 200 OK\r\n") and b"Connection" not in replies
