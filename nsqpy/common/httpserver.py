@@ -765,8 +765,12 @@ class HTTPConnection(asyncio.Protocol):
                 if body_end <= end:
                     self._scanned = 0
                     self._line_checked = False
-                    if self._replay(bytes(buf[body_end - self._lane_length : body_end])):
+                    request = cast(Request, self._lane_request)
+                    body = bytes(buf[body_end - self._lane_length : body_end])
+                    response = self._ask(cast(QuickHandler, self._lane_quick), request, body)
+                    if response is not None:
                         pos = body_end
+                        self._reply(request, response)
                         continue
                     replayed = True  # the route said no: the handler's, as in full below
             head_end = find_head_end(buf, max(pos, pos + self._scanned - 3))
@@ -806,10 +810,7 @@ class HTTPConnection(asyncio.Protocol):
                 quick = self._quick.get(request.path)
                 length = request.content_length
                 if quick is not None and length is not None and pos + length <= end:
-                    try:
-                        response = quick(request, bytes(buf[pos : pos + length]))
-                    except Exception as err:  # as a handler that raises: a 500, logged
-                        response = self._server.crashed(err)
+                    response = self._ask(quick, request, bytes(buf[pos : pos + length]))
                     if response is not None:
                         pos += length
                         if request.keep_alive and len(head) <= _LANE_HEAD_BYTES:
@@ -946,18 +947,13 @@ class HTTPConnection(asyncio.Protocol):
                 # rather than a reset; LINGER_TIMEOUT at most.
                 asyncio.get_running_loop().call_later(LINGER_TIMEOUT, transport.abort)
 
-    def _replay(self, body: bytes) -> bool:
-        """Answer a request with the lane's head through the lane's route; False when
-        the route leaves it to the handler."""
-        request = cast(Request, self._lane_request)
+    def _ask(self, quick: QuickHandler, request: Request, body: bytes) -> Response | None:
+        """``quick``'s answer to ``request``; one that raises is answered as a handler
+        that raises, with a logged 500."""
         try:
-            response = cast(QuickHandler, self._lane_quick)(request, body)
-        except Exception as err:  # as a handler that raises: a 500, logged
-            response = self._server.crashed(err)
-        if response is None:
-            return False
-        self._reply(request, response)
-        return True
+            return quick(request, body)
+        except Exception as err:
+            return self._server.crashed(err)
 
     def _close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
