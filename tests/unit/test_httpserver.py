@@ -5,6 +5,8 @@ slow clients, oversized heads, graceful close)."""
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -435,6 +437,98 @@ def test_a_quick_routes_repeated_head_takes_the_lane_with_the_same_outcomes() ->
     lane = seen[0][0]
     assert all(request is lane for request, _ in seen[:5])  # parsed once
     assert seen[5][0] is not lane and not seen[5][0].keep_alive
+
+
+class _Recorder:
+    """A transport that keeps what is written: where the input is cut, and when the loop
+    runs between two reads, is the test's to choose, as no socket lets it."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def writelines(self, parts: list[bytes]) -> None:
+        for part in parts:
+            self.out += part
+
+    def get_extra_info(self, key: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+
+def test_the_quick_lane_never_changes_what_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random runs of requests, most with one head, cut at random points, the loop run a
+    random number of turns between reads: with the lane and without it (no head short
+    enough), the same replies byte for byte but the Date, and the route sees the same."""
+
+    def quick(request: Request, body: bytes) -> Response | None:
+        return None if body.startswith(b"n") else Response(200, b"quick " + body)
+
+    async def answers(seed: int) -> tuple[bytes, int]:
+        rnd = random.Random(seed)
+        requests = []
+        for _ in range(rnd.randint(1, 20)):
+            size = rnd.choice([3, 3, 3, 4])
+            path = rnd.choice(["/q", "/q", "/q", "/x", "/x/a/longer/path?and=a&query"])
+            body = bytes(rnd.choice(b"abn") for _ in range(size))
+            extra = rnd.choice(["", "", "", "X-Some-Header: with a value\r\n"])
+            head = f"POST {path} HTTP/1.1\r\nHost: h\r\n{extra}Content-Length: {size}\r\n\r\n"
+            requests.append(head.encode() + body)
+        data = b"".join(requests)
+        cuts = sorted(rnd.sample(range(1, len(data)), min(len(data) - 1, rnd.randint(0, 10))))
+        server = HTTPServer(_echo)
+        server.quick_routes["/q"] = quick
+        connection = httpserver.HTTPConnection(server, False)
+        transport = _Recorder()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        start = 0
+        for cut in [*cuts, len(data)]:
+            connection.data_received(data[start:cut])
+            start = cut
+            for _ in range(rnd.randint(0, 3)):
+                await asyncio.sleep(0)
+        for _ in range(1000):  # the handler's replies, a turn or two each
+            if transport.out.count(b"HTTP/1.1 ") >= len(requests):
+                break
+            await asyncio.sleep(0)
+        connection.connection_lost(None)
+        replies = re.sub(rb"\r\nDate: [^\r]*", b"", bytes(transport.out))
+        return replies, replies.count(b"quick ")
+
+    async def run() -> int:
+        quick_answers = 0
+        for seed in range(300):
+            monkeypatch.setattr(httpserver, "_LANE_HEAD_BYTES", 1024)
+            with_lane, count = await answers(seed)
+            monkeypatch.setattr(httpserver, "_LANE_HEAD_BYTES", 0)
+            without, _ = await answers(seed)
+            assert with_lane == without, seed
+            quick_answers += count
+        return quick_answers
+
+    assert arun(run()) > 1000  # most requests took the quick route, so the lane was tried
 
 
 def test_http10_closes_unless_kept_alive() -> None:
