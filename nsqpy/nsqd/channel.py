@@ -31,6 +31,7 @@ from nsqpy.nsqd.message import (
     Run,
     drop_last,
     expand,
+    expire_queue,
     requeued,
     split,
     take,
@@ -310,9 +311,6 @@ class Channel:
         if self.topology is not None:  # zone-local consumers first, then region-local
             self.topology.dispatch(clients, self._dispatch_pass)
             return
-        if self._depth == 1 and self.policy is None and not self._backend.depth():
-            self._dispatch_one()
-            return
         if len(clients) == 1:
             self._dispatch_pass(0)
             return
@@ -328,39 +326,6 @@ class Channel:
             share = -(-queued // ready) if ready > 1 else 0
             if not self._dispatch_pass(share) or not share:
                 return
-
-    def _dispatch_one(self) -> None:
-        """The one message queued (a PUB's, most often) to the next consumer with room:
-        what _dispatch_pass does with it, without the set-up of a batch."""
-        clients = self.clients
-        n = len(clients)
-        k = self._next % n
-        for _ in clients:
-            client = clients[k]
-            k = k + 1 if k + 1 < n else 0
-            if client.ready_count > len(client.in_flight):
-                break
-        else:
-            return
-        entry = self._memory[0]
-        if len(entry) == 6 or client.sample_rate:  # a Run, or sampling: the general pass
-            self._dispatch_pass(0)
-            return
-        self._memory.popleft()
-        self._depth = 0
-        self._next = k  # the one after the consumer served
-        msg_id, timestamp, attempts, body = entry
-        attempts += 1
-        now = time.monotonic()
-        deadline = now + client.msg_timeout
-        client.in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
-        client.message_count += 1
-        self.delivery_count += 1
-        size = len(body) + 30
-        client.send_messages(
-            [MESSAGE_FRAME_HEADER.pack(size, 2, timestamp, attempts, msg_id), body], 1, size + 4
-        )
-        self._nsqd.scan_candidate(self)
 
     def _dispatch_pass(self, share: int, order: Sequence[Consumer] | None = None) -> int:
         """One round over the consumers (or over ``order``, first to last), each taking up
@@ -557,24 +522,29 @@ class Channel:
         return sent
 
     def _refill(self, count: int) -> None:
+        msgs = self._read_backend(count)
+        self._memory.extend(msgs)
+        self._depth += len(msgs)
+
+    def _read_backend(self, count: int) -> list[Message]:
+        """Up to ``count`` messages off the backend's head. One that was deferred when nsqd
+        last exited is deferred again for what is left of its delay, and not returned."""
         try:
             payloads = self._backend.read_many(count)
         except BackendError as err:
-            self._nsqd.logf_error(
-                f"CHANNEL({self.topic_name}:{self.name}): failed to read from backend - {err}"
-            )
-            return
-        memory = self._memory
+            self._nsqd.logf_error(f"{self.label}: failed to read from backend - {err}")
+            return []
         redefer = self.redefer
         unpack = MESSAGE_HEADER.unpack_from
-        depth = len(memory)
+        out: list[Message] = []
+        append = out.append
         for payload in payloads:
             # from_payload inlined: this runs once per message read back from disk
             try:
                 timestamp, attempts, msg_id = unpack(payload)
             except struct.error:
                 self._nsqd.logf_error(
-                    f"CHANNEL({self.topic_name}:{self.name}): failed to decode message"
+                    f"{self.label}: failed to decode message"
                     f" - message payload too short: {len(payload)} bytes"
                 )
                 continue
@@ -585,10 +555,52 @@ class Channel:
                 if due is not None and due > time.time_ns():
                     self._push_deferred(msg, (due - time.time_ns()) / 1e9)
                     continue
-            memory.append(msg)
-        self._depth += len(memory) - depth
+            append(msg)
         if redefer is not None and not redefer:
             self.redefer = None
+        return out
+
+    # -- what message policies do to the queue (policy.py) -------------------------------------
+
+    def take_oldest(self, count: int) -> list[Message]:
+        """Remove up to ``count`` messages from the queue's head (memory, then the backend)."""
+        out = self.take(count)
+        if len(out) < count and self._backend.depth():
+            out.extend(self._read_backend(count - len(out)))
+        return out
+
+    def expire(self, oldest: int, disk_budget: int) -> list[Message]:
+        """Remove the queued and deferred messages published before ``oldest`` (unix ns):
+        memory, then, once memory is empty, the backend's head (reading at most about
+        ``disk_budget`` records; the first live ones read wait in memory, and a message
+        deferred at the last exit is deferred again, as any read does)."""
+        expired: list[Message]
+        expired, delta = expire_queue(
+            self._memory, oldest, self._backend.depth, self._read_backend, disk_budget
+        )
+        self._depth += delta
+        deferred = self._deferred
+        if deferred and any(d[2][1] < oldest for d in deferred):
+            expired.extend(d[2] for d in deferred if d[2][1] < oldest)
+            deferred[:] = [d for d in deferred if d[2][1] >= oldest]
+            heapq.heapify(deferred)
+        if expired and self._memory and self.clients:
+            self.dispatch()
+        return expired
+
+    @property
+    def full_name(self) -> str:
+        """``topic`` or ``topic:channel`` (its disk queue's name)."""
+        return f"{self.topic_name}:{self.name}"
+
+    @property
+    def label(self) -> str:
+        """How logs name it: ``CHANNEL(topic:channel)``."""
+        return f"CHANNEL({self.full_name})"
+
+    @property
+    def nsqd(self) -> NSQD:
+        return self._nsqd
 
     # -- acknowledgements -----------------------------------------------------------------
 

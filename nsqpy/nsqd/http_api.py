@@ -45,6 +45,7 @@ from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.options import TLSRequired
 from nsqpy.nsqd.policy import Policy, PolicyError
+from nsqpy.nsqd.protocol_v2 import until_started
 from nsqpy.nsqd.stats import (
     PROMETHEUS_CONTENT_TYPE,
     format_prometheus,
@@ -206,15 +207,23 @@ class NSQDHTTPServer:
         error = getattr(self.nsqd, "health_error", None)
         return f"NOK - {error}" if error else "OK"
 
-    def _topic_from_query(self, request: Request) -> tuple[ReqParams, Topic]:
-        """Go's ``getTopicFromQuery``: validates the name, then gets or creates the topic."""
-        params = ReqParams(request)
+    def _topic_name(self, params: ReqParams) -> str:
+        """Go's ``getTopicFromQuery`` before its GetTopic: the name, checked."""
         name = params.topic()
         if not is_valid_topic_name(name):
             raise HTTPError(400, "INVALID_TOPIC")
         if self.nsqd.exiting:
             raise HTTPError(503, "EXITING")
-        return params, self.nsqd.get_topic(name)
+        return name
+
+    async def _topic_from_query(self, request: Request) -> tuple[ReqParams, Topic]:
+        """Go's ``getTopicFromQuery``: validates the name, then gets or creates the topic
+        (a new one answers once the channels nsqlookupd knows of exist)."""
+        params = ReqParams(request)
+        topic, wait = self.nsqd.open_topic(self._topic_name(params))
+        if wait:
+            await until_started(topic)
+        return params, topic
 
     def _existing_topic_and_channel_name(self, request: Request) -> tuple[Topic, str]:
         """Go's ``getExistingTopicFromQuery`` (with ``GetTopicChannelArgs``)."""
@@ -231,16 +240,15 @@ class NSQDHTTPServer:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
         return channel
 
-    def _publish(self, topic: Topic, bodies: list[bytes], delay: float = 0.0) -> None:
+    def _publish(self, topic_name: str, bodies: list[bytes], delay: float = 0.0) -> Topic | None:
+        """NSQD.publish, its refusals as Go's replies; the new topic to wait for, if any."""
         try:
-            if delay > 0:
-                topic.put_deferred(bodies[0], delay)
-            else:
-                topic.put_messages(bodies)
+            return self.nsqd.publish(topic_name, bodies, delay)[1]
         except BackendError as err:
-            if self.nsqd.exiting or topic.exiting:
+            topic = self.nsqd.get_existing_topic(topic_name)
+            if self.nsqd.exiting or topic is None or topic.exiting:
                 raise HTTPError(503, "EXITING") from None
-            self.logger.error(f"TOPIC({topic.name}): failed to put message(s) - {err}")
+            self.logger.error(f"TOPIC({topic_name}): failed to put message(s) - {err}")
             raise HTTPError(500, "INTERNAL_ERROR") from None
 
     # -- NSQ's routes ---------------------------------------------------------------------
@@ -282,49 +290,50 @@ class NSQDHTTPServer:
         body = await _read_body(request, max_size)
         if body is None:
             raise HTTPError(413, "MSG_TOO_BIG")
+        starting = self._pub_body(request, body)
+        if starting is not None:
+            await until_started(starting)
+        return "OK"
+
+    def _pub_body(self, request: Request, body: bytes) -> Topic | None:
+        """``POST /pub`` once its body is read: Go's checks in Go's order, then the publish.
+        Returns the new topic to wait for before answering, if any."""
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
-        params, topic = self._topic_from_query(request)
+        params = ReqParams(request)
+        name = self._topic_name(params)
         delay = 0.0
+        starting: Topic | None = None
         defer = params.get("defer")
         if defer is not None:
+            # Go creates the topic (getTopicFromQuery) before it parses defer
+            topic, wait = self.nsqd.open_topic(name)
+            starting = topic if wait else None
             if not _INT64.match(defer) or not -(1 << 63) <= int(defer) < 1 << 63:
                 raise HTTPError(400, "INVALID_DEFER")
             delay_ms = int(defer)
             if delay_ms < 0 or delay_ms > self.opts.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
             delay = delay_ms / 1000
-        self._publish(topic, [body], delay)
-        return "OK"
+        return self._publish(name, [body], delay) or starting
 
     def _pub_now(self, request: Request, body: bytes) -> Response | None:
-        """``POST /pub`` whose body came with its head, answered without the router and
-        the handler's coroutine (the server's quick route). Whatever is not a plain
-        publish (an error, ``defer``, ``--tls-required``) returns None, and _pub answers
-        it; so does a refused put, which queued nothing."""
+        """``POST /pub`` whose body came with its head, to an existing topic, answered
+        without the router and the handler's coroutine (the server's quick route): the same
+        checks and publish as _pub (_pub_body). Whatever else (a new topic, an error,
+        ``--tls-required``) returns None, and _pub answers it; so does a refused put, which
+        queued nothing."""
         if (
             request.method != "POST"
-            or not body
             or len(body) > self.opts.max_msg_size
             or (self.opts.tls_required == TLSRequired.REQUIRED and not request.secure)
         ):
             return None
         try:
-            params = ReqParams(request)
+            if ReqParams(request).get("topic") not in self.nsqd.topics:
+                return None  # a new topic may have to wait for its channels: _pub
+            self._pub_body(request, body)
         except HTTPError:
-            return None
-        name = params.get("topic")
-        nsqd = self.nsqd
-        if name is None or "defer" in params.values or nsqd.exiting:
-            return None
-        topic = nsqd.topics.get(name)
-        if topic is None:
-            if not is_valid_topic_name(name):
-                return None
-            topic = nsqd.get_topic(name)
-        try:
-            topic.put_one(body)
-        except BackendError:
             return None
         return _OK
 
@@ -333,7 +342,7 @@ class NSQDHTTPServer:
         length = request.content_length
         if length is not None and length > opts.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
-        params, topic = self._topic_from_query(request)
+        params, topic = await self._topic_from_query(request)
         binary = False
         flag = params.get("binary")
         if flag is not None:
@@ -348,7 +357,7 @@ class NSQDHTTPServer:
         if body is None:
             raise HTTPError(413, "BODY_TOO_BIG")
         bodies = self._binary_bodies(topic.name, body) if binary else self._text_bodies(body)
-        self._publish(topic, bodies)
+        self._publish(topic.name, bodies)
         return "OK"
 
     def _text_bodies(self, body: bytes) -> list[bytes]:
@@ -401,7 +410,7 @@ class NSQDHTTPServer:
         return reply
 
     async def _topic_create(self, request: Request, _: str) -> object:
-        self._topic_from_query(request)
+        await self._topic_from_query(request)
         return None
 
     async def _topic_delete(self, request: Request, _: str) -> object:

@@ -13,9 +13,11 @@ Events that happen while a peer is disconnected are not queued: the next
 connection registers the state of that moment.
 
 A topic created outside nsqd.dat loading asks the nsqlookupds' HTTP ``/channels``
-for the topic's channels and creates the non-ephemeral ones, without blocking the
-event loop (Go blocks the creating goroutine instead); the answer may come after this
-nsqd made and deleted one of them, which then stays deleted.
+for the topic's channels and creates the non-ephemeral ones before it starts (Go's
+GetTopic blocks on that query): the topic is held (Topic.hold) meanwhile, and the
+request that created it is answered once it has started (Topic.when_started), while
+the event loop and other connections go on. The answer may come after this nsqd made
+and deleted one of them, which then stays deleted.
 """
 
 from __future__ import annotations
@@ -164,6 +166,12 @@ class LookupPeer:
     def connected(self) -> bool:
         """Identified with nsqlookupd: events are being forwarded."""
         return self._conn is not None
+
+    @property
+    def first_attempt(self) -> bool:
+        """The first connection to this nsqlookupd is under way (neither identified nor
+        failed yet)."""
+        return self.info is None and self._last_failure is None and not self._closing
 
     @property
     def http_address(self) -> str | None:
@@ -474,8 +482,9 @@ class LookupPeers:
         """Create the topic's non-ephemeral channels that nsqlookupd knows of, so that they
         receive the topic's messages (Go's GetLookupdTopicChannels, then GetChannel).
 
-        Right after start-up no nsqlookupd may have answered IDENTIFY yet: wait for the
-        first one for up to --http-client-connect-timeout (Go gives up at once).
+        Right after start-up no nsqlookupd may have answered IDENTIFY yet: while a first
+        connection is under way, wait for it for up to --http-client-connect-timeout (Go
+        gives up at once). An nsqlookupd that could not be reached is not waited for.
         """
         try:
             await self._create_known_channels_held(topic)
@@ -484,7 +493,7 @@ class LookupPeers:
             topic.release()
 
     async def _create_known_channels_held(self, topic: Topic) -> None:
-        if not self.identified.is_set():
+        if not self.identified.is_set() and any(p.first_attempt for p in self.peers.values()):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self.identified.wait(), self.opts.http_client_connect_timeout

@@ -23,8 +23,8 @@ from __future__ import annotations
 import struct
 import time
 from collections import deque
-from collections.abc import Iterable
-from typing import Final, NamedTuple, TypeAlias, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
 from nsqpy.wire.v2 import MESSAGE_HEADER, decode_message, encode_message
 
@@ -137,6 +137,54 @@ def take(memory: deque[_T | Run], count: int) -> list[_T | Message]:
         else:
             out.append(entry)
     return out
+
+
+# The TTL sweep (expire_queue): queues of up to this many entries are searched whole for
+# expired messages behind live ones; a backend is read this many records at a time.
+FULL_SCAN_MAX: Final = 10_000
+_DISK_CHUNK: Final = 64
+
+
+def expire_queue(
+    memory: deque[Any],
+    oldest: int,
+    backend_depth: Callable[[], int],
+    read_backend: Callable[[int], list[Any]],
+    disk_budget: int,
+) -> tuple[list[Any], int]:
+    """Remove the messages published before ``oldest`` (unix ns) from a queue: its memory,
+    then, once memory is empty, its backend's head (``read_backend(n)``: decoded messages,
+    reading at most about ``disk_budget`` records), where the first live ones read stay in
+    memory. Returns the expired messages (runs taken apart; a topic's deferred ones keep
+    their fifth field) and by how many messages memory's depth changed.
+
+    Publish order is timestamp order: expired messages are at the head, except requeued
+    ones at the back, found by a full pass on queues of up to FULL_SCAN_MAX entries (on
+    bigger ones the delivery check still stops them). A run's messages share one
+    timestamp: it expires whole."""
+    expired: list[Any] = []
+    while memory and _timestamp(memory[0]) < oldest:
+        expired.extend(expand([memory.popleft()]))
+    if memory and len(memory) <= FULL_SCAN_MAX and any(_timestamp(e) < oldest for e in memory):
+        keep = [e for e in memory if _timestamp(e) >= oldest]
+        expired.extend(expand(e for e in memory if _timestamp(e) < oldest))
+        memory.clear()
+        memory.extend(keep)
+    delta = -len(expired)
+    read = 0
+    while not memory and backend_depth() and read < disk_budget:
+        chunk = read_backend(_DISK_CHUNK)
+        read += _DISK_CHUNK
+        expired.extend(m for m in chunk if m[1] < oldest)
+        live = [m for m in chunk if m[1] >= oldest]
+        memory.extend(live)
+        delta += len(live)
+    return expired, delta
+
+
+def _timestamp(entry: Any) -> int:
+    ts: int = entry.timestamp if isinstance(entry, Run) else entry[1]
+    return ts
 
 
 def drop_last(memory: deque[_T | Run], count: int) -> None:

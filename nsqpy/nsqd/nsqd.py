@@ -16,14 +16,20 @@ from typing import TYPE_CHECKING
 from nsqpy.common.log import Level, Logger
 from nsqpy.diskqueue import DiskQueue, DiskQueueError
 from nsqpy.nsqd import metadata
-from nsqpy.nsqd.backend import BackendQueue, DiskBackend, DummyBackend, RefusingBackend
+from nsqpy.nsqd.backend import (
+    BackendError,
+    BackendQueue,
+    DiskBackend,
+    DummyBackend,
+    RefusingBackend,
+)
 from nsqpy.nsqd.channel import Channel
 from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import GUIDFactory
 from nsqpy.nsqd.policy import PolicyBook
-from nsqpy.nsqd.topic import Topic
-from nsqpy.wire.names import is_ephemeral, is_valid_channel_name, is_valid_topic_name
-from nsqpy.wire.v2 import MESSAGE_HEADER_SIZE
+from nsqpy.nsqd.topic import InvalidNameError, Topic
+from nsqpy.wire.names import is_ephemeral, is_valid_topic_name
+from nsqpy.wire.v2 import MESSAGE_HEADER_SIZE, MPubBody
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.options import Options
@@ -59,10 +65,9 @@ class NSQD:
         # Channels that have in-flight or deferred messages: the queue scan's sample space.
         self._scan_set: set[Channel] = set()
         self._pump_set: set[Topic] = set()
-        # While a TCP read's commands run (ClientV2): the channels whose consumers get the
-        # messages published in them once the replies are written (Topic._put_channels); a
-        # dict, so that a channel that many publishes of one read reached is dispatched once.
-        self.dispatch_after_reply: dict[Channel, None] | None = None
+        # Between hold_dispatch() and release_dispatch(): the channels whose consumers get
+        # what was published meanwhile (a dict, so that each is dispatched once).
+        self._dispatch_later: dict[Channel, None] | None = None
         # Set by the server: asks for run_pending() to be called soon.
         self.wakeup: Callable[[], None] = lambda: None
         # Set by the server: told of every read before it is handled (common/idlepoll.py);
@@ -151,17 +156,19 @@ class NSQD:
         self._loading = True
         try:
             for t in topics or []:
-                if not is_valid_topic_name(t.name):
+                try:
+                    topic = self.get_topic(t.name)
+                except InvalidNameError:
                     self.logger.warn(f"skipping creation of invalid topic {t.name}")
                     continue
-                topic = self.get_topic(t.name)
                 if t.paused:
                     topic.pause()
                 for c in t.channels:
-                    if not is_valid_channel_name(c.name):
+                    try:
+                        channel = topic.get_channel(c.name)
+                    except InvalidNameError:
                         self.logger.warn(f"skipping creation of invalid channel {c.name}")
                         continue
-                    channel = topic.get_channel(c.name)
                     if c.paused:
                         channel.pause()
         finally:
@@ -310,14 +317,67 @@ class NSQD:
     # -- topics -------------------------------------------------------------------------------
 
     def get_topic(self, name: str) -> Topic:
-        """The topic, created (and announced) if it does not exist."""
+        """The topic, created (and announced) if it does not exist; raises InvalidNameError."""
+        return self.topics.get(name) or self.open_topic(name)[0]
+
+    def open_topic(self, name: str) -> tuple[Topic, bool]:
+        """The topic, created if it does not exist, and whether the caller must wait for
+        ``topic.when_started`` before it answers: this call created the topic, and the
+        channels nsqlookupd knows of are still being made (Go's GetTopic blocks on that
+        query; here only the caller that created the topic waits, and the loop goes on).
+        Raises InvalidNameError: no path can make a topic with an invalid name."""
         topic = self.topics.get(name)
-        if topic is None:
-            topic = Topic(name, self, self.new_backend(name, is_ephemeral(name)))
-            self.topics[name] = topic
-            self.logf_info(f"TOPIC({name}): created")
-            self._emit("topic_created", topic, None)
-        return topic
+        if topic is not None:
+            return topic, False
+        if not is_valid_topic_name(name):
+            raise InvalidNameError(f"invalid topic name {name!r}")
+        topic = Topic(name, self, self.new_backend(name, is_ephemeral(name)))
+        self.topics[name] = topic
+        self.logf_info(f"TOPIC({name}): created")
+        self._emit("topic_created", topic, None)
+        return topic, topic.starting
+
+    def publish(
+        self,
+        topic_name: str,
+        bodies: list[bytes] | MPubBody,
+        delay: float = 0.0,
+        timestamps: list[int] | None = None,
+    ) -> tuple[int, Topic | None]:
+        """The one way messages enter nsqd (PUB, MPUB, DPUB, /pub, /mpub, dead letters):
+        into the topic, created if new. Returns how many were queued and, when this call
+        created a topic that is still starting, that topic: answer once it has started
+        (``Topic.when_started``). Raises InvalidNameError, or BackendError (exiting, a disk
+        that refuses the write: then nothing was queued)."""
+        if self.exiting:
+            raise BackendError("exiting")
+        topic = self.topics.get(topic_name)
+        if topic is not None:
+            return topic.put_messages(bodies, delay, timestamps), None
+        topic, wait = self.open_topic(topic_name)
+        return topic.put_messages(bodies, delay, timestamps), topic if wait else None
+
+    # -- delivery after the replies ------------------------------------------------------------
+
+    def hold_dispatch(self) -> None:
+        """Until release_dispatch(), what is published reaches consumers only then: a server
+        answers a read's publishes first, as Go's topic pump runs beside the publisher."""
+        self._dispatch_later = {}
+
+    def release_dispatch(self) -> None:
+        later, self._dispatch_later = self._dispatch_later, None
+        if later:
+            for channel in later:
+                channel.dispatch()
+
+    def request_dispatch(self, channel: Channel) -> None:
+        """A publish queued messages in ``channel``, which has consumers: deliver them now,
+        or at release_dispatch() while dispatch is held."""
+        later = self._dispatch_later
+        if later is None:
+            channel.dispatch()
+        else:
+            later[channel] = None
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)

@@ -22,22 +22,18 @@ Go nsqd's, so a Go nsqd still opens the data directory; it ignores the side file
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
-import struct
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from nsqpy.common.goflags import format_duration_ns, parse_duration_ns
 from nsqpy.nsqd.backend import BackendError
-from nsqpy.nsqd.message import MAX_ATTEMPTS, Message, Run, expand
+from nsqpy.nsqd.message import MAX_ATTEMPTS, Message
 from nsqpy.nsqd.metadata import write_file_atomically
 from nsqpy.wire.names import is_ephemeral, is_valid_topic_name
-from nsqpy.wire.v2 import MESSAGE_HEADER
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.channel import Channel
@@ -65,8 +61,6 @@ TOPIC_FIELDS: Final = ("dead_letter_topic", "message_ttl", "max_depth")
 # How often the queue scan expires what nobody reads, and how much it reads from disk per go.
 SWEEP_INTERVAL: Final = 1.0
 SWEEP_DISK_BUDGET: Final = 50_000
-_DISK_CHUNK: Final = 64
-_FULL_SCAN_MAX: Final = 10_000
 # Dead letters published while publishing dead letters (two full queues dead-lettering to
 # each other): beyond this depth they are dropped instead of bouncing for ever.
 _MAX_NESTING: Final = 4
@@ -380,7 +374,7 @@ class PolicyBook:
         if target and target != topic_name and not nsqd.exiting and self._nesting < _MAX_NESTING:
             self._nesting += 1
             try:
-                nsqd.get_topic(target).put_copies([(m[1], m[3]) for m in msgs])
+                nsqd.publish(target, [m[3] for m in msgs], timestamps=[m[1] for m in msgs])
                 self.sources.setdefault(target, set()).add(source)
                 return True
             except BackendError as err:
@@ -432,24 +426,34 @@ class PolicyBook:
             if topic.exiting:
                 continue
             if topic.policy is not None and topic.policy.ttl_ns:
-                sweep_topic(topic, topic.policy, now_ns)
+                sweep(topic, topic.policy, now_ns)
             for channel in list(topic.channels.values()):
                 if channel.policy is not None and channel.policy.ttl_ns and not channel.exiting:
-                    sweep_channel(channel, channel.policy, now_ns)
+                    sweep(channel, channel.policy, now_ns)
 
 
 # -- what /stats, /metrics and statsd show ---------------------------------------------------------
 
 
-def stats_fields(owner: object, *, channel: bool) -> dict[str, Any]:
+class PolicyOwner(Protocol):
+    """What stats read of a topic or channel's policy (Topic and Channel have it)."""
+
+    name: str
+    policy: Effective | None
+    policy_counts: Counts | None
+
+    @property
+    def nsqd(self) -> NSQD: ...
+
+
+def stats_fields(owner: PolicyOwner, *, channel: bool) -> dict[str, Any]:
     """The counters and the effective policy of a topic or channel, for its stats entry;
     empty when no policy applies and nothing was ever counted (``/stats`` stays Go's)."""
-    counts: Counts | None = getattr(owner, "policy_counts", None)
-    rules: Effective | None = getattr(owner, "policy", None)
+    counts = owner.policy_counts
+    rules = owner.policy
     out: dict[str, Any] = {}
     if not channel:
-        nsqd = getattr(owner, "_nsqd", None)
-        sources = nsqd.policies.sources.get(getattr(owner, "name", "")) if nsqd else None
+        sources = owner.nsqd.policies.sources.get(owner.name)
         if sources:
             # a dead-letter topic: where its messages came from (nsqadmin links back)
             out["dead_letter_sources"] = sorted(sources)
@@ -487,22 +491,12 @@ def _counts(owner: Topic | Channel) -> Counts:
     return counts
 
 
-def _label(owner: Topic | Channel) -> str:
-    name = getattr(owner, "topic_name", None)
-    return f"CHANNEL({name}:{owner.name})" if name is not None else f"TOPIC({owner.name})"
-
-
-def _source(owner: Topic | Channel) -> str:
-    name = getattr(owner, "topic_name", None)
-    return f"{name}:{owner.name}" if name is not None else owner.name
-
-
 def _send(owner: Topic | Channel, rules: Effective, msgs: list[Message], kind: str) -> None:
     if not msgs:
         return
     counts = _counts(owner)
-    book = owner._nsqd.policies
-    moved = book.dead_letter(_source(owner), _label(owner), rules, counts, msgs)
+    book = owner.nsqd.policies
+    moved = book.dead_letter(owner.full_name, owner.label, rules, counts, msgs)
     book.count(counts, kind, len(msgs), moved=moved)
 
 
@@ -527,30 +521,6 @@ def admit(channel: Channel, rules: Effective, msg: Message, now_ns: int) -> bool
     return True
 
 
-def _decode(payloads: list[bytes], label: str, nsqd: NSQD) -> list[Message]:
-    msgs: list[Message] = []
-    for payload in payloads:
-        try:
-            timestamp, attempts, msg_id = MESSAGE_HEADER.unpack_from(payload)
-        except struct.error:
-            nsqd.logf_error(f"{label}: failed to decode message - payload too short")
-            continue
-        msgs.append((msg_id, timestamp, attempts if attempts < MAX_ATTEMPTS else -1, payload[26:]))
-    return msgs
-
-
-def _take_oldest(owner: Topic | Channel, count: int, nsqd: NSQD) -> list[Message]:
-    """Remove up to ``count`` messages from the head (memory first, then the disk queue)."""
-    out: list[Message] = [_plain(entry) for entry in owner.take(count)]
-    backend = owner._backend
-    if len(out) < count and backend.depth():
-        try:
-            out.extend(_decode(backend.read_many(count - len(out)), _label(owner), nsqd))
-        except BackendError as err:
-            nsqd.logf_error(f"{_label(owner)}: failed to read from backend - {err}")
-    return out
-
-
 def trim(owner: Channel | Topic, rules: Effective) -> None:
     """After messages were queued in a channel or a topic: drop-head down to max_depth
     (overflow)."""
@@ -559,75 +529,9 @@ def trim(owner: Channel | Topic, rules: Effective) -> None:
         return
     excess = owner.depth - limit
     if excess > 0:
-        oldest = _take_oldest(owner, excess, owner._nsqd)
-        _send(owner, rules, oldest, "overflow_count")
+        _send(owner, rules, owner.take_oldest(excess), "overflow_count")
 
 
-def _plain(entry: tuple[bytes, int, int, bytes] | tuple[bytes, int, int, bytes, float]) -> Message:
-    return entry if len(entry) == 4 else entry[:4]  # a topic's deferred one: no delay
-
-
-def _timestamp(entry: tuple[Any, ...]) -> int:
-    ts: int = entry.timestamp if isinstance(entry, Run) else entry[1]
-    return ts
-
-
-def _sweep_queue(owner: Topic | Channel, rules: Effective, now_ns: int) -> list[Message]:
-    """Expired messages out of a memory queue and, when it is empty, off the disk queue's head."""
-    ttl = rules.ttl_ns
-    oldest = now_ns - ttl
-    memory: deque[Any] = owner._memory
-    expired: list[Message] = []
-    # Publish order is timestamp order: expired messages are at the head, except requeued
-    # ones at the back, found by a full pass on queues small enough to scan every second
-    # (on bigger ones the delivery check still stops them). A run's messages share one
-    # timestamp: it expires whole.
-    while memory and _timestamp(memory[0]) < oldest:
-        expired.extend(_plain(m) for m in expand([memory.popleft()]))
-    if memory and len(memory) <= _FULL_SCAN_MAX and any(_timestamp(e) < oldest for e in memory):
-        keep = [e for e in memory if _timestamp(e) >= oldest]
-        expired.extend(_plain(m) for m in expand(e for e in memory if _timestamp(e) < oldest))
-        memory.clear()
-        memory.extend(keep)
-    owner._depth -= len(expired)
-    if memory:
-        return expired
-    backend = owner._backend
-    nsqd = owner._nsqd
-    read = 0
-    while backend.depth() and read < SWEEP_DISK_BUDGET:
-        try:
-            chunk = _decode(backend.read_many(_DISK_CHUNK), _label(owner), nsqd)
-        except BackendError as err:
-            nsqd.logf_error(f"{_label(owner)}: failed to read from backend - {err}")
-            break
-        read += _DISK_CHUNK
-        live = [m for m in chunk if m[1] >= oldest]
-        expired.extend(m for m in chunk if m[1] < oldest)
-        if live:
-            # not expired yet: they wait in memory, at the head where they were
-            memory.extend(live)
-            owner._depth += len(live)
-            break
-    return expired
-
-
-def sweep_channel(channel: Channel, rules: Effective, now_ns: int) -> None:
-    expired = _sweep_queue(channel, rules, now_ns)
-    deferred = channel._deferred
-    oldest = now_ns - rules.ttl_ns
-    if deferred and any(d[2][1] < oldest for d in deferred):
-        expired.extend(d[2] for d in deferred if d[2][1] < oldest)
-        deferred[:] = [d for d in deferred if d[2][1] >= oldest]
-        heapq.heapify(deferred)
-    if expired:
-        _send(channel, rules, expired, "expired_count")
-        if channel._memory and channel.clients:
-            channel.dispatch()
-
-
-def sweep_topic(topic: Topic, rules: Effective, now_ns: int) -> None:
-    expired = _sweep_queue(topic, rules, now_ns)
-    if expired:
-        _send(topic, rules, expired, "expired_count")
-        topic._update_flowing()
+def sweep(owner: Topic | Channel, rules: Effective, now_ns: int) -> None:
+    """Expire what waits in a topic's backlog or a channel (queued or deferred) past the TTL."""
+    _send(owner, rules, owner.expire(now_ns - rules.ttl_ns, SWEEP_DISK_BUDGET), "expired_count")

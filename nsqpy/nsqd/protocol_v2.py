@@ -31,6 +31,7 @@ from nsqpy.nsqd.tls import (
     peer_common_name,
     tls_version_name,
 )
+from nsqpy.nsqd.topic import InvalidNameError, Topic
 from nsqpy.nsqd.topology import GLOBAL, locality
 from nsqpy.wire.compression import (
     CompressionError,
@@ -50,10 +51,12 @@ from nsqpy.wire.v2 import (
     STATE_INIT,
     STATE_SUBSCRIBED,
     Body,
+    Command,
     CommandParser,
     ConnectionFailure,
     MPubBody,
     ProtocolError,
+    bad_topic,
     encode_error,
     encode_response,
     parse_base10,
@@ -140,7 +143,7 @@ class ClientV2(asyncio.Protocol):
         self._in_batch = False
         self._want_dispatch = False
         # The first publish of the read batch, as (error code, command): a failed flush fails it.
-        self._published: tuple[str, str] | None = None
+        self._publish_code: tuple[str, str] | None = None
         # Replies held until disk syncs complete (durable acknowledgements, --sync-every=1).
         self._held_syncs = 0
         self._sync_failed: BaseException | None = None
@@ -221,83 +224,33 @@ class ClientV2(asyncio.Protocol):
             data = self._filter_input(data)
             if not data:
                 return
-        if self._authd is None:
-            publish = parser.take_publish(data)
-            if publish is not None:
-                self._publish_one(*publish)
-                return
-        parser.feed(data)
-        self._run_commands(parser)
+        # A read that is exactly one PUB or MPUB of one message (a producer waiting for each
+        # OK sends just that) is parsed with a few compares; it is handled as any command.
+        command = parser.take_publish(data)
+        if command is None:
+            parser.feed(data)
+        self._run_commands(parser, command)
 
-    def _publish_one(self, is_mpub: bool, topic: bytes, body: bytes) -> None:
-        """A read that is exactly one PUB or MPUB of one message (CommandParser.take_publish):
-        what _run_commands does with it, without the general parse. When the OK is all
-        there is to send, it is written at once, without the flush rules' checks.
-
-        The message is in its channels before the reply; handing it to their consumers
-        waits until the reply is written (as Go's topic pump runs beside the publisher's
-        connection), so that the publisher's round trip does not include the fan-out."""
+    def _run_commands(self, parser: CommandParser, first: Command | None = None) -> None:
+        """Handle ``first`` and every complete command buffered, then apply the batch's
+        effects. What the batch published reaches consumers once the replies are written
+        (as Go's topic pump runs beside the publisher's connection), so that a publisher's
+        round trip does not include the fan-out."""
         nsqd = self.nsqd
-        topic_name = wire_str(topic)
-        later: dict[Channel, None] = {}
-        nsqd.dispatch_after_reply = later
-        self._in_batch = True
+        nsqd.hold_dispatch()
         try:
-            if nsqd.exiting:
-                raise BackendError("exiting")
-            target = nsqd.topics.get(topic_name)
-            if target is None:
-                target = nsqd.get_topic(topic_name)
-            target.put_one(body)
-        except BackendError as err:
-            cmd = "MPUB" if is_mpub else "PUB"
-            self._in_batch = False
-            self._fail(ProtocolError(f"E_{cmd}_FAILED", f"{cmd} failed {err}"))  # fatal
-            return
+            self._handle_commands(parser, first)
         finally:
-            self._in_batch = False
-            nsqd.dispatch_after_reply = None
-        counts = self.pub_counts
-        counts[topic_name] = counts.get(topic_name, 0) + 1
-        failed = nsqd.flush_touched()
-        if (
-            not self._out  # nothing pending, nothing delivered to this client meanwhile
-            and failed is None
-            and not self._held_syncs
-            and self._encoder is None
-            and nsqd.opts.sync_every != 1
-        ):
-            assert self.transport is not None
-            self.transport.write(FRAME_OK)
-        else:
-            self._published = self._published or (
-                ("E_MPUB_FAILED", "MPUB") if is_mpub else ("E_PUB_FAILED", "PUB")
-            )
-            self._respond(FRAME_OK)
-            if self._acknowledge(failed) and self._out:
-                self._apply_flush_rules()
-        for channel in later:
-            channel.dispatch()
+            nsqd.release_dispatch()
 
-    def _run_commands(self, parser: CommandParser) -> None:
-        """Handle every complete command buffered, then apply the batch's effects; what the
-        batch published reaches consumers after the replies are written (_publish_one)."""
-        nsqd = self.nsqd
-        later: dict[Channel, None] = {}
-        nsqd.dispatch_after_reply = later
-        try:
-            self._handle_commands(parser)
-        finally:
-            nsqd.dispatch_after_reply = None
-            for channel in later:
-                channel.dispatch()
-
-    def _handle_commands(self, parser: CommandParser) -> None:
+    def _handle_commands(self, parser: CommandParser, first: Command | None) -> None:
         self._in_batch = True
         # FINs after CLS too (STATE_CLOSING): a consumer that drains before closing sends
         # them all at once then (the Spark connector does).
-        if self.channel is not None and (
-            self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING
+        if (
+            first is None
+            and self.channel is not None
+            and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING)
         ):
             fins = parser.take_fin_block()
             if fins is not None:
@@ -306,9 +259,10 @@ class ClientV2(asyncio.Protocol):
         try:
             while not self._closed:
                 try:
-                    command = parser.next_command()
+                    command = first or parser.next_command()
                     if command is None:
                         break
+                    first = None
                     params, body = command
                     handler = handlers.get(params[0])
                     if handler is None:
@@ -584,7 +538,7 @@ class ClientV2(asyncio.Protocol):
             self._want_dispatch = False
             if self.channel is not None and self.state == STATE_SUBSCRIBED:
                 self.channel.dispatch()
-        if self._published and not self._acknowledge(self.nsqd.flush_touched()):
+        if self._publish_code and not self._acknowledge(self.nsqd.flush_touched()):
             return
         if self._out:
             self._apply_flush_rules()
@@ -593,17 +547,17 @@ class ClientV2(asyncio.Protocol):
         """The batch's publishes are queued and ``failed`` is what flush_touched said of
         their disk writes: let the replies go (after the fsync with --sync-every=1), or
         fail them all and close (False)."""
-        assert self._published is not None
+        assert self._publish_code is not None
         if failed is not None:
             # Nothing of this batch is acknowledged: the disk refused the write.
-            code, cmd = self._published
+            code, cmd = self._publish_code
             text = f"{code} {cmd} failed {failed}"
             self._out = [encode_error(text)]
             self._respond_now = True
             self.nsqd.logger.error(f"[{self}] - {text}")
             self._close_after_flush()
             return False
-        self._published = None
+        self._publish_code = None
         if self.nsqd.opts.sync_every == 1:
             self._hold_for_sync()
         return True
@@ -808,7 +762,7 @@ class ClientV2(asyncio.Protocol):
             # The JSON goes out in the clear; nothing is read until the upgrades are done.
             # (A PUB pipelined before this IDENTIFY is acknowledged without waiting for a
             # --sync-every=1 fsync: the acknowledgement must precede the new framing.)
-            self._published = None
+            self._publish_code = None
             raise _Suspend(self._upgrade(tls_v1, snappy, deflate, deflate_level))
 
     def _set_heartbeat_interval(self, ms: int) -> None:
@@ -893,7 +847,8 @@ class ClientV2(asyncio.Protocol):
             self._check_auth("SUB", topic_name, channel_name)
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
-        channel = self.nsqd.get_topic(topic_name).get_channel(channel_name)
+        topic, wait = self.nsqd.open_topic(topic_name)
+        channel = topic.get_channel(channel_name)
         try:
             channel.add_client(self)
         except ChannelError as err:
@@ -902,6 +857,8 @@ class ClientV2(asyncio.Protocol):
         assert self.parser is not None
         self.parser.state = STATE_SUBSCRIBED
         self.channel = channel
+        if wait:  # a new topic answers once the channels nsqlookupd knows of exist
+            raise _Suspend(until_started(topic), then=lambda _: self._respond(FRAME_OK))
         self._respond(FRAME_OK)
 
     def _rdy(self, params: list[bytes], body: Body) -> None:
@@ -1019,33 +976,43 @@ class ClientV2(asyncio.Protocol):
         if self._authd is not None:
             self._check_auth("DPUB", wire_str(params[1]), "")
         delay_ms = parse_base10(params[2]) or 0  # the parser validated it
-        if delay_ms == 0:
-            self._publish("DPUB", "E_DPUB_FAILED", params[1], [body])
-            return
-        topic_name = wire_str(params[1])
-        try:
-            if self.nsqd.exiting:
-                raise BackendError("exiting")
-            self.nsqd.get_topic(topic_name).put_deferred(body, delay_ms / 1000)
-        except BackendError as err:
-            raise ProtocolError("E_DPUB_FAILED", f"DPUB failed {err}") from None
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + 1
-        self._published = self._published or ("E_DPUB_FAILED", "DPUB")
-        self._respond(FRAME_OK)
+        self._publish("DPUB", "E_DPUB_FAILED", params[1], [body], delay_ms / 1000)
 
     def _publish(
-        self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes] | MPubBody
+        self,
+        cmd: str,
+        code: str,
+        topic_bytes: bytes,
+        bodies: list[bytes] | MPubBody,
+        delay: float = 0.0,
     ) -> None:
         topic_name = wire_str(topic_bytes)
         try:
-            if self.nsqd.exiting:
-                raise BackendError("exiting")
-            count = self.nsqd.get_topic(topic_name).put_messages(bodies)
+            count, starting = self.nsqd.publish(topic_name, bodies, delay)
         except BackendError as err:
             raise ProtocolError(code, f"{cmd} failed {err}") from None
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + count
-        self._published = self._published or (code, cmd)
+        except InvalidNameError:  # the parser checked it: the engine agrees
+            raise bad_topic(cmd.encode(), topic_bytes) from None
+        if starting is not None:
+            # a new topic answers once the channels nsqlookupd knows of exist (Go's GetTopic)
+            raise _Suspend(
+                until_started(starting),
+                then=lambda _: self._published(topic_name, count, code, cmd),
+            )
+        self._published(topic_name, count, code, cmd)
+
+    def _published(self, topic_name: str, count: int, code: str, cmd: str) -> None:
+        counts = self.pub_counts
+        counts[topic_name] = counts.get(topic_name, 0) + count
+        self._publish_code = self._publish_code or (code, cmd)
         self._respond(FRAME_OK)
+
+
+async def until_started(topic: Topic) -> None:
+    """Wait for a new topic to start (Topic.when_started), without blocking the loop."""
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    topic.when_started(lambda: None if future.done() else future.set_result(None))
+    await future
 
 
 class _Suspend(Exception):

@@ -38,7 +38,7 @@ from nsqpy import NSQ_VERSION
 from nsqpy.common.goflags import format_duration_ns, version_string
 from nsqpy.common.gojson import encode_json, go_json_float
 from nsqpy.nsqd.e2e import E2EResult, E2EStream, empty_result
-from nsqpy.nsqd.policy import stats_fields, stats_text
+from nsqpy.nsqd.policy import PolicyOwner, stats_fields, stats_text
 from nsqpy.nsqd.topology import GLOBAL, client_counts, delivery_counts
 
 __all__ = [
@@ -197,7 +197,7 @@ class StatsClient(Protocol):
     def pub_counts(self) -> Mapping[str, int]: ...
 
 
-class _Channel(Protocol):
+class _Channel(PolicyOwner, Protocol):
     name: str
     paused: bool
     message_count: int
@@ -218,7 +218,7 @@ class _Channel(Protocol):
     def clients(self) -> Sequence[object]: ...
 
 
-class _Topic(Protocol):
+class _Topic(PolicyOwner, Protocol):
     name: str
     paused: bool
     message_count: int

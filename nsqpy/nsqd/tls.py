@@ -250,7 +250,7 @@ class TLSRequiredParser(CommandParser):
 
     __slots__ = ()
 
-    def take_publish(self, data: bytes) -> tuple[bool, bytes, bytes] | None:
+    def take_publish(self, data: bytes) -> Command | None:
         return None  # a PUB is refused here: next_command says so
 
     def next_command(self) -> Command | None:

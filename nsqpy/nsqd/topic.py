@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from nsqpy.nsqd.message import (
     Run,
     cut,
     expand,
+    expire_queue,
     from_payload,
     new_runs,
     split,
@@ -31,7 +33,7 @@ from nsqpy.nsqd.message import (
     to_payloads,
 )
 from nsqpy.nsqd.policy import Counts, Effective, trim
-from nsqpy.wire.names import is_ephemeral
+from nsqpy.wire.names import is_ephemeral, is_valid_channel_name
 from nsqpy.wire.v2 import MPubBody
 
 if TYPE_CHECKING:
@@ -40,6 +42,15 @@ if TYPE_CHECKING:
 # A backlog entry is a Message, a deferred one carrying its delay as a fifth field, or a Run.
 BacklogMessage = tuple[bytes, int, int, bytes] | tuple[bytes, int, int, bytes, float]
 BacklogEntry = BacklogMessage | Run
+
+
+def _plain(entry: BacklogEntry) -> Message:
+    """A backlog message without its delay (a deferred one dropped or expired)."""
+    return entry if len(entry) == 4 else entry[:4]
+
+
+class InvalidNameError(ValueError):
+    """A topic or channel name that NSQ's rules refuse (wire.names): none is ever made."""
 
 
 class Topic:
@@ -51,6 +62,7 @@ class Topic:
         "_ids",
         "_memory",
         "_nsqd",
+        "_on_start",
         "channels",
         "ephemeral",
         "exiting",
@@ -81,6 +93,9 @@ class Topic:
         # >0 while the channels nsqlookupd knows of are being created (Go's startChan):
         # messages wait in the backlog so that those channels get them too.
         self._held = 0
+        # Called once the topic has started (release() of the last hold): the answers to
+        # the request that created it (NSQD.open_topic).
+        self._on_start: list[Callable[[], None]] = []
         # Deferred messages written to the backend at the last exit: ID → due (unix ns).
         self.redefer: dict[bytes, int] | None = None
         # Message policies (policy.py) of the backlog; None when nothing applies.
@@ -100,10 +115,16 @@ class Topic:
 
     # -- publishing -------------------------------------------------------------------------
 
-    def put_messages(self, bodies: list[bytes] | MPubBody) -> int:
-        """PUB and MPUB: all the messages are queued, or none (raises BackendError).
+    def put_messages(
+        self,
+        bodies: list[bytes] | MPubBody,
+        delay: float = 0.0,
+        timestamps: list[int] | None = None,
+    ) -> int:
+        """Queue messages (Go's PutMessage(s)): all of them, or none (raises BackendError).
         Returns how many. An MPUB's packed bodies (wire.v2.MPubBody) are queued as runs
-        (message.py)."""
+        (message.py); ``delay`` defers a single message (DPUB); ``timestamps`` keeps each
+        message's own (dead letters: new IDs, attempts from zero)."""
         if self.exiting:
             raise BackendError("exiting")
         entries: list[Entry]
@@ -111,40 +132,35 @@ class Topic:
             payload, count = bodies
             entries = list(new_runs(payload, count, time.time_ns(), self._ids.new_spans(count)))
             size = len(payload) - 4 * count
-        elif len(bodies) == 1:
-            self.put_one(bodies[0])
+        elif len(bodies) == 1 and timestamps is None:
+            body = bodies[0]
+            msg: Message = (self._ids.new_id(), time.time_ns(), 0, body)
+            if delay > 0:
+                self._defer(msg, delay)
+            else:
+                self._queue([msg], 1)
+            self.message_count += 1
+            self.message_bytes += len(body)
             return 1
         else:
             count = len(bodies)
             ids = self._ids.new_ids(count)
-            entries = list(zip(ids, repeat(time.time_ns()), repeat(0), bodies, strict=False))
+            stamps = repeat(time.time_ns()) if timestamps is None else timestamps
+            entries = list(zip(ids, stamps, repeat(0), bodies, strict=False))
             size = sum(map(len, bodies))
-        self._queue(entries, count, size)
+        if delay > 0:
+            raise ValueError("only a single message can be deferred")
+        self._queue(entries, count)
+        self.message_count += count
+        self.message_bytes += size
         return count
 
-    def put_one(self, body: bytes) -> None:
-        """PUB (and MPUB of one): put_messages([body]) without its batch cases."""
-        if self.exiting:
-            raise BackendError("exiting")
-        self._queue([(self._ids.new_id(), time.time_ns(), 0, body)], 1, len(body))
-
-    def put_copies(self, copies: list[tuple[int, bytes]]) -> None:
-        """Publish ``(timestamp_ns, body)`` messages keeping their timestamps (dead letters,
-        policy.py): new IDs, attempts from zero; all or none (raises BackendError)."""
-        if self.exiting:
-            raise BackendError("exiting")
-        ids = self._ids.new_ids(len(copies))
-        msgs: list[Entry] = [(i, ts, 0, body) for i, (ts, body) in zip(ids, copies, strict=True)]
-        self._queue(msgs, len(msgs), sum(len(body) for _, body in copies))
-
-    def _queue(self, entries: list[Entry], count: int, size: int) -> None:
-        """Into the channels if they flow, else the topic's backlog; then count them."""
+    def _queue(self, entries: list[Entry], count: int) -> None:
+        """Into the channels if they flow, else the topic's backlog."""
         if self._flowing:
             self._put_channels(entries, count)
         else:
             self._put_backlog(entries, count)
-        self.message_count += count
-        self.message_bytes += size
 
     def _put_channels(self, entries: list[Entry], count: int) -> None:
         """Copy to every channel, all or nothing: if one refuses (a disk error), the
@@ -162,32 +178,24 @@ class Topic:
                         )
                 raise
             done.append(channel)
-        later = self._nsqd.dispatch_after_reply
         for channel in done:
             if channel.clients:
-                if later is None:
-                    channel.dispatch()
-                else:
-                    later[channel] = None
+                self._nsqd.request_dispatch(channel)
 
-    def put_deferred(self, body: bytes, delay: float) -> None:
+    def _defer(self, msg: Message, delay: float) -> None:
         """DPUB: the message enters each channel's deferred queue."""
-        if self.exiting:
-            raise BackendError("exiting")
-        msg: Message = (self._ids.new_id(), time.time_ns(), 0, body)
         if self._flowing:
             for channel in self._flowing:
                 channel.put_deferred(msg, delay)
-        elif self._depth < self._nsqd.opts.mem_queue_size:
+            return
+        if self._depth < self._nsqd.opts.mem_queue_size:
             self._memory.append((*msg, delay))
             self._depth += 1
         else:
             # Go writes it to the backend, where the deferral is lost (spec §11).
             self._backend.put(to_payload(msg))
-        if self.policy is not None and not self._flowing:
+        if self.policy is not None:
             trim(self, self.policy)
-        self.message_count += 1
-        self.message_bytes += len(body)
 
     def _put_backlog(self, entries: list[Entry], count: int) -> None:
         room = self._nsqd.opts.mem_queue_size - self._depth
@@ -215,16 +223,7 @@ class Topic:
             if self._memory:
                 batch = self._take_entries(budget - moved)
             elif self._backend.depth():
-                try:
-                    batch = [
-                        self._redeferred(from_payload(p))
-                        for p in self._backend.read_many(budget - moved)
-                    ]
-                except (BackendError, ValueError) as err:
-                    self._nsqd.logf_error(
-                        f"TOPIC({self.name}): failed to read from backend - {err}"
-                    )
-                    break
+                batch = self._read_backend(budget - moved)
                 if not batch:
                     break
             else:
@@ -273,12 +272,59 @@ class Topic:
             count -= n
         return out
 
-    def take(self, count: int) -> list[BacklogMessage]:
-        """Up to ``count`` messages off the backlog's memory head (policy.py)."""
-        memory: deque[Any] = self._memory  # (mypy cannot infer take's type from the union)
-        out: list[BacklogMessage] = take(memory, count)
-        self._depth -= len(out)
+    def _read_backend(self, count: int) -> list[BacklogEntry]:
+        """Up to ``count`` messages off the backend's head (deferred again if they were
+        deferred at the last exit); a record that cannot be decoded is logged and skipped."""
+        try:
+            payloads = self._backend.read_many(count)
+        except BackendError as err:
+            self._nsqd.logf_error(f"TOPIC({self.name}): failed to read from backend - {err}")
+            return []
+        out: list[BacklogEntry] = []
+        for payload in payloads:
+            try:
+                out.append(self._redeferred(from_payload(payload)))
+            except ValueError as err:
+                self._nsqd.logf_error(f"TOPIC({self.name}): failed to decode message - {err}")
         return out
+
+    # -- what message policies do to the backlog (policy.py) -----------------------------------
+
+    def take_oldest(self, count: int) -> list[Message]:
+        """Remove up to ``count`` messages from the backlog's head (memory, then the backend)."""
+        memory: deque[Any] = self._memory  # (mypy cannot infer take's type from the union)
+        out: list[Message] = [_plain(e) for e in take(memory, count)]
+        self._depth -= len(out)
+        if len(out) < count and self._backend.depth():
+            out.extend(_plain(e) for e in self._read_backend(count - len(out)))
+        return out
+
+    def expire(self, oldest: int, disk_budget: int) -> list[Message]:
+        """Remove the backlog's messages published before ``oldest`` (unix ns): from memory,
+        then, once memory is empty, off the backend's head (reading at most about
+        ``disk_budget`` records); the first live ones read stay at the head."""
+        entries, delta = expire_queue(
+            self._memory, oldest, self._backend.depth, self._read_backend, disk_budget
+        )
+        self._depth += delta
+        expired = [_plain(e) for e in entries]
+        if expired:
+            self._update_flowing()
+        return expired
+
+    @property
+    def full_name(self) -> str:
+        """``topic`` or ``topic:channel`` (its disk queue's name)."""
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """How logs name it: ``TOPIC(name)``."""
+        return f"TOPIC({self.name})"
+
+    @property
+    def nsqd(self) -> NSQD:
+        return self._nsqd
 
     def _redeferred(self, msg: Message) -> BacklogEntry:
         if self.redefer is None:
@@ -317,13 +363,35 @@ class Topic:
     def release(self) -> None:
         self._held = max(0, self._held - 1)
         self._update_flowing()
+        if not self._held:
+            self._started()
+
+    @property
+    def starting(self) -> bool:
+        """The channels nsqlookupd knows of are still being made (Go's topic before Start)."""
+        return self._held > 0
+
+    def when_started(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the topic has started (at once if it has; also if it is
+        deleted or closed first, so that nobody waits for ever)."""
+        if self._held and not self.exiting:
+            self._on_start.append(callback)
+        else:
+            callback()
+
+    def _started(self) -> None:
+        callbacks, self._on_start = self._on_start, []
+        for callback in callbacks:
+            callback()
 
     # -- channels ---------------------------------------------------------------------------
 
     def get_channel(self, name: str) -> Channel:
-        """The channel, created (and announced) if it does not exist."""
+        """The channel, created (and announced) if it does not exist; raises InvalidNameError."""
         channel = self.channels.get(name)
         if channel is None:
+            if not is_valid_channel_name(name):
+                raise InvalidNameError(f"invalid channel name {name!r}")
             backend = self._nsqd.new_backend(
                 f"{self.name}:{name}", self.ephemeral or is_ephemeral(name)
             )
@@ -367,6 +435,7 @@ class Topic:
             return
         self.exiting = True
         self._flowing = []
+        self._started()  # whoever waits for the start answers now
         if deleted:
             for channel in list(self.channels.values()):
                 channel.close(deleted=True)

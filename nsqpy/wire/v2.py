@@ -117,6 +117,15 @@ def _fatal(code: str, desc: str) -> ProtocolError:
     return ProtocolError(code, desc)
 
 
+def bad_topic(cmd: bytes, topic: bytes) -> ProtocolError:
+    """PUB, MPUB and DPUB's refusal of an invalid topic name."""
+    # MPUB's description really has the code twice (Go quirk, spec §2.3).
+    prefix = "E_BAD_TOPIC " if cmd == b"MPUB" else ""
+    return _fatal(
+        "E_BAD_TOPIC", f"{prefix}{cmd.decode()} topic name {go_quote(topic)} is not valid"
+    )
+
+
 class CommandParser:
     """Incremental parser for the commands a V2 client sends (after the magic).
 
@@ -161,8 +170,8 @@ class CommandParser:
         # (a piece per buffer they came in) or their bodies when split, messages read,
         # count, split).
         self._mpub: tuple[list[bytes], list[bytes], int, int, bool] | None = None
-        # The topic name take_publish last found valid.
-        self._valid_topic = b""
+        # The topic name take_publish last found valid (None: none yet; b"" is invalid).
+        self._valid_topic: bytes | None = None
         # The wait is for one body of a split MPUB (its size at _pos): it is joined exactly,
         # out of the buffer and the reads that complete it, into _ready (see _take_body).
         self._need_body = False
@@ -278,13 +287,14 @@ class CommandParser:
         self._pos = last
         return list(map(_first, _FIN_LINE.iter_unpack(block)))  # C loops: ~half the slicing's cost
 
-    def take_publish(self, data: bytes) -> tuple[bool, bytes, bytes] | None:
-        """``(is_mpub, topic, body)`` if nothing is buffered and ``data`` is exactly one
-        well-formed ``PUB`` or one-message ``MPUB``; else ``None``, nothing consumed, and
-        ``data`` is to be fed as usual (which finds any error in it).
+    def take_publish(self, data: bytes) -> Command | None:
+        """The command, as next_command would return it, if nothing is buffered and
+        ``data`` is exactly one well-formed ``PUB`` or one-message ``MPUB``; else ``None``,
+        nothing consumed, and ``data`` is to be fed as usual (which finds any error in it).
 
         A producer waiting for each OK sends exactly that, one command per read: this
-        checks it with a few compares instead of the general parse.
+        checks it with a few compares instead of the general parse. It only parses: every
+        rule it does not check with certainty sends the read to the general parse.
         """
         if self._pos < len(self._buf) or self._pending or self._mpub is not None:
             return None
@@ -312,7 +322,8 @@ class CommandParser:
             body_size, count = _FRAME_HEADER.unpack_from(data, nl + 1)
             if count != 1 or not 0 < body_size <= self.max_body_size or self.max_body_size < 9:
                 return None
-        return (is_mpub, topic, data[start:])
+            return ([b"MPUB", topic], [data[start:]])
+        return ([b"PUB", topic], data[start:])
 
     # -- commands with a body ---------------------------------------------------------
 
@@ -350,7 +361,7 @@ class CommandParser:
 
     def _check_topic(self, cmd: bytes, topic: bytes) -> None:
         if not is_valid_topic_name(wire_str(topic)):
-            raise _fatal("E_BAD_TOPIC", f"{cmd.decode()} topic name {go_quote(topic)} is not valid")
+            raise bad_topic(cmd, topic)
 
     def _wait(self, upto: int, code: str, desc: str) -> None:
         self._need = upto - self._pos
@@ -400,12 +411,7 @@ class CommandParser:
     def _mpub_command(self, params: list[bytes], start: int) -> Command | None:
         if len(params) < 2:
             raise _fatal("E_INVALID", "MPUB insufficient number of parameters")
-        topic = params[1]
-        if not is_valid_topic_name(wire_str(topic)):
-            # The code really is in the description twice (Go quirk, spec §2.3).
-            raise _fatal(
-                "E_BAD_TOPIC", f"E_BAD_TOPIC MPUB topic name {go_quote(topic)} is not valid"
-            )
+        self._check_topic(b"MPUB", params[1])
         buf = self._buf
         if len(buf) < start + 8:
             if len(buf) >= start + 4:

@@ -472,3 +472,165 @@ def test_in_process_unhealthy_lookupd(tmp_path: Path) -> None:
             fake.close()
 
     _run(scenario)
+
+
+async def _pub_tcp(address: str, *commands: bytes) -> tuple[asyncio.StreamReader, Any]:
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"  V2" + b"".join(commands))
+    await writer.drain()
+    return reader, writer
+
+
+def _pub(topic: str, body: bytes) -> bytes:
+    return f"PUB {topic}\n".encode() + len(body).to_bytes(4, "big") + body
+
+
+def _http_request(method: str, path: str, body: bytes = b"") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: nsqd\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+async def _nothing_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    try:
+        data = await asyncio.wait_for(reader.read(1), seconds)
+    except TimeoutError:
+        return True
+    raise AssertionError(f"answered before its channels exist: {data!r}")
+
+
+FRAME_OK = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+
+
+def test_in_process_new_topic_answers_after_its_known_channels_exist(tmp_path: Path) -> None:
+    """With nsqlookupd, Go creates a new topic's known channels before it answers the request
+    that created the topic (GetTopic blocks on the query): a TCP PUB, a SUB, HTTP /pub and
+    /topic/create each answer only once nsqlookupd's answer is applied, with the commands
+    pipelined behind them; other connections, and publishes to the topic from them, go on.
+    A channel registered on nsqlookupd after the answer is not created here."""
+    quiet = Logger("", LogLevel.FATAL)
+
+    async def scenario() -> None:
+        lookupd = await _started_lookupd(quiet)
+        route = lookupd.http.router.routes["/channels"]["GET"]
+        answer = asyncio.Event()
+        asked: list[str] = []
+        channels_of = route.handler
+
+        async def held_channels(request: Any, *args: Any) -> Any:
+            asked.append(request.query_string)
+            await answer.wait()
+            return await channels_of(request, *args)
+
+        object.__setattr__(route, "handler", held_channels)
+        for topic in ("t", "s", "h", "c"):
+            lookupd.db.add_registration(Registration("channel", topic, "known"))
+        lookupd.db.add_registration(Registration("channel", "t", "gone#ephemeral"))
+        server = NSQDServer(_nsqd_options(tmp_path, lookupd.tcp_address), quiet)
+        await server.start()
+        assert server.lookup is not None and server.http is not None
+        http_address = f"127.0.0.1:{server.http.port}"
+        try:
+            await _poll(
+                lambda: bool(server.lookup and server.lookup.http_addresses()), "identified"
+            )
+            # the creating requests, each with something pipelined behind it
+            pub, pub_w = await _pub_tcp(
+                server.tcp_address, _pub("t", b"1"), b"NOP\n", _pub("t", b"2")
+            )
+            sub, sub_w = await _pub_tcp(server.tcp_address, b"SUB s known\nRDY 5\n")
+            h_host, _, h_port = http_address.rpartition(":")
+            http_pub, http_w = await asyncio.open_connection(h_host, int(h_port))
+            http_w.write(_http_request("POST", "/pub?topic=h", b"x"))
+            http_create, create_w = await asyncio.open_connection(h_host, int(h_port))
+            create_w.write(_http_request("POST", "/topic/create?topic=c"))
+            await _poll(lambda: len(asked) == 4, "every new topic asked nsqlookupd")
+            # another connection's publish to the starting topic is answered at once
+            other, other_w = await _pub_tcp(server.tcp_address, _pub("t", b"3"))
+            assert await asyncio.wait_for(other.readexactly(10), 5) == FRAME_OK
+            for reader in (pub, sub, http_pub, http_create):
+                assert await _nothing_within(reader, 0.3)
+            answer.set()
+            assert await asyncio.wait_for(pub.readexactly(20), 5) == FRAME_OK * 2
+            assert await asyncio.wait_for(sub.readexactly(10), 5) == FRAME_OK
+            for reader in (http_pub, http_create):
+                status = await asyncio.wait_for(reader.readline(), 5)
+                assert status == b"HTTP/1.1 200 OK\r\n"
+            # registered elsewhere after the answer: not created here
+            lookupd.db.add_registration(Registration("channel", "t", "late"))
+            await _poll(lambda: server.nsqd.topics["t"].channels["known"].depth == 3, "pumped")
+            for name in ("t", "s", "h", "c"):
+                assert sorted(server.nsqd.topics[name].channels) == ["known"], name
+            assert server.nsqd.topics["h"].channels["known"].depth == 1
+            for writer in (pub_w, sub_w, http_w, create_w, other_w):
+                writer.close()
+        finally:
+            await server.stop()
+            await lookupd.stop()
+
+    _run(scenario)
+
+
+def test_in_process_unreachable_lookupd_does_not_hold_a_new_topic(tmp_path: Path) -> None:
+    """An nsqlookupd that cannot be reached is not waited for: a new topic's PUB is answered
+    at once (Go has no nsqlookupd HTTP address to ask, and logs that)."""
+    quiet = Logger("", LogLevel.FATAL)
+
+    async def scenario() -> None:
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        opts = _nsqd_options(tmp_path, address, http_client_connect_timeout=30.0)
+        server = NSQDServer(opts, quiet)
+        await server.start()
+        try:
+            peer = next(iter(server.lookup.peers.values())) if server.lookup else None
+            assert peer is not None
+            await _poll(lambda: not peer.first_attempt, "the first connection failed")
+            pub, writer = await _pub_tcp(server.tcp_address, _pub("fresh", b"x"))
+            assert await asyncio.wait_for(pub.readexactly(10), 5) == FRAME_OK
+            writer.close()
+        finally:
+            await server.stop()
+            closed.close()
+
+    _run(scenario)
+
+
+def test_in_process_an_empty_topic_name_is_refused_everywhere(tmp_path: Path) -> None:
+    """PUB and one-message MPUB to topic "" (the fast parse's case), then /pub?topic=: Go's
+    errors, no topic "" is made, and the node stays registered with nsqlookupd (a REGISTER
+    of "" would make nsqlookupd drop it)."""
+    quiet = Logger("", LogLevel.FATAL)
+
+    async def scenario() -> None:
+        lookupd = await _started_lookupd(quiet)
+        server = NSQDServer(_nsqd_options(tmp_path, lookupd.tcp_address), quiet)
+        await server.start()
+        assert server.http is not None
+        try:
+            await _poll(
+                lambda: bool(server.lookup and server.lookup.http_addresses()), "identified"
+            )
+            mpub = b"MPUB \n" + (9).to_bytes(4, "big") + (1).to_bytes(4, "big")
+            mpub += (1).to_bytes(4, "big") + b"x"
+            for command, error in (
+                (_pub("", b"x"), b'E_BAD_TOPIC PUB topic name "" is not valid'),
+                (mpub, b'E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "" is not valid'),
+            ):
+                reader, writer = await _pub_tcp(server.tcp_address, command)
+                frame = await asyncio.wait_for(reader.read(), 5)  # then the connection closes
+                assert frame[8:] == error
+                writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.http.port)
+            writer.write(_http_request("POST", "/pub?topic=", b"x"))
+            assert await asyncio.wait_for(reader.readline(), 5) == b"HTTP/1.1 400 Bad Request\r\n"
+            writer.close()
+            assert "" not in server.nsqd.topics
+            server.nsqd.get_topic("after")
+            await _poll(lambda: _has_producer(lookupd, "after"), "a later topic registered")
+        finally:
+            await server.stop()
+            await lookupd.stop()
+
+    _run(scenario)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -235,8 +236,9 @@ def test_body_commands_with_random_bodies(prefix: bytes, tail: bytes) -> None:
 
 @st.composite
 def publishes(draw: st.DrawFn) -> bytes:
-    """A PUB or an MPUB of one or two messages, perhaps mutated."""
-    topic = draw(NAMES).encode()
+    """A PUB or an MPUB of one or two messages, perhaps mutated; the topic name may be
+    empty (invalid, and what the name cache held before any name)."""
+    topic = draw(st.one_of(st.just(""), NAMES)).encode()
     bodies = draw(st.lists(BODIES, min_size=1, max_size=2))
     if draw(st.booleans()) and len(bodies) == 1:
         raw = b"PUB " + topic + b"\n" + i32(len(bodies[0])) + bodies[0]
@@ -253,13 +255,11 @@ def test_take_publish_agrees_with_the_general_parse(raw: bytes, warm: bool, stat
     in it, and leaves the parser untouched otherwise."""
     p = new_parser(state)
     if warm:  # a topic found valid before (the cached name)
-        assert p.take_publish(b"PUB t\n" + i32(1) + b"x") == (False, b"t", b"x")
+        assert p.take_publish(b"PUB t\n" + i32(1) + b"x") == ([b"PUB", b"t"], b"x")
     whole = run(raw, [], state)
     taken = p.take_publish(raw)
     if taken is not None:
-        is_mpub, topic, body = taken
-        command = ([b"MPUB", topic], [body]) if is_mpub else ([b"PUB", topic], body)
-        assert whole == ([command], None)
+        assert whole == ([taken], None)
         return
     commands: list[Command] = []
     try:
@@ -272,6 +272,15 @@ def test_take_publish_agrees_with_the_general_parse(raw: bytes, warm: bool, stat
         assert (commands, f"C:{err}") == whole
     else:
         assert (commands, None) == whole
+
+
+def test_take_publish_leaves_an_empty_topic_name_to_the_general_parse() -> None:
+    p = new_parser()
+    assert p.take_publish(b"PUB \n" + i32(1) + b"x") is None
+    assert p.take_publish(b"MPUB \n" + i32(9) + i32(1) + i32(1) + b"x") is None
+    p.feed(b"PUB \n" + i32(1) + b"x")
+    with pytest.raises(ProtocolError, match='PUB topic name "" is not valid'):
+        p.next_command()
 
 
 def test_take_publish_only_between_commands() -> None:

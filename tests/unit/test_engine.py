@@ -347,7 +347,7 @@ def test_round_robin_between_two_consumers(clock: FakeClock) -> None:
 
 
 def test_a_pub_goes_to_the_next_consumer_with_room(clock: FakeClock) -> None:
-    """One message queued (a PUB) takes Channel._dispatch_one: the rotation skips a full
+    """One message queued (a PUB) goes to the next consumer with room: the rotation skips a full
     consumer and goes on after the one served; the in-flight record is a delivery's."""
     nsqd, _ = make_nsqd()
     topic = nsqd.get_topic("t")
@@ -912,7 +912,7 @@ def test_channel_and_topic_stats(clock: FakeClock) -> None:
     assert ch.depth == 0  # redelivered at once: RDY 3, nothing in flight
     assert ch.in_flight_count == 3
     assert ch.message_count == 5
-    topic.put_deferred(b"d", 1.0)
+    topic.put_messages([b"d"], 1.0)
     assert ch.message_count == 6
     assert ch.deferred_count == 2
     assert topic.message_count == 6
@@ -1082,7 +1082,7 @@ def test_dpub_with_channels(clock: FakeClock) -> None:
     c1, a = subscribe(nsqd, "t", "c1", ready=1)
     c2 = nsqd.get_topic("t").get_channel("c2")
     topic = nsqd.get_topic("t")
-    topic.put_deferred(b"later", 3.0)
+    topic.put_messages([b"later"], 3.0)
     assert topic.message_count == 1
     assert topic.depth == 0
     for ch in (c1, c2):
@@ -1100,7 +1100,7 @@ def test_dpub_with_channels(clock: FakeClock) -> None:
 def test_dpub_without_channels_waits_in_the_topic(clock: FakeClock) -> None:
     nsqd, _ = make_nsqd()
     topic = nsqd.get_topic("t")
-    topic.put_deferred(b"later", 3.0)
+    topic.put_messages([b"later"], 3.0)
     pub(topic, b"now")
     assert topic.depth == 2
     ch, consumer = subscribe(nsqd, "t", "c", ready=10)
@@ -1117,7 +1117,7 @@ def test_dpub_into_a_paused_topic(clock: FakeClock) -> None:
     ch, consumer = subscribe(nsqd, "t", "c", ready=10)
     topic = nsqd.get_topic("t")
     topic.pause()
-    topic.put_deferred(b"d", 1.0)
+    topic.put_messages([b"d"], 1.0)
     assert ch.deferred_count == 0
     topic.unpause()
     nsqd.run_pending()
@@ -1129,9 +1129,9 @@ def test_dpub_into_a_paused_topic(clock: FakeClock) -> None:
 def test_dpub_refused_when_the_topic_is_full(clock: FakeClock) -> None:
     nsqd, _ = make_nsqd(mem_queue_size=1)
     topic = nsqd.get_topic("t")
-    topic.put_deferred(b"1", 1.0)
+    topic.put_messages([b"1"], 1.0)
     with pytest.raises(BackendError):
-        topic.put_deferred(b"2", 1.0)
+        topic.put_messages([b"2"], 1.0)
     assert topic.message_count == 1
 
 

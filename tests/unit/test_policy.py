@@ -152,6 +152,30 @@ def test_ttl_sweep_reads_expired_heads_off_the_backend() -> None:
     assert stats_text(stats_fields(ch, channel=True)).endswith("expired: 100 overflow: 0")
 
 
+@pytest.mark.parametrize("where", ["channel", "topic"])
+def test_ttl_sweep_keeps_a_restored_deferral(where: str) -> None:
+    """A message deferred at the last exit and read back by the TTL sweep is deferred again
+    (as a delivery's read does), not handed out at once; its restore entry is freed."""
+    nsqd, _ = make_nsqd(backend_factory=lambda name: ListBackend(), message_ttl=3600.0)
+    topic = nsqd.get_topic("t")
+    owner = topic if where == "topic" else topic.get_channel("c")
+    backend = owner._backend
+    assert isinstance(backend, ListBackend)
+    msg_id = b"%016d" % 7
+    backend.put(to_payload((msg_id, time.time_ns(), 0, b"later")))
+    owner.redefer = {msg_id: time.time_ns() + 60 * 10**9}
+    nsqd.queue_scan(time.monotonic())
+    assert owner.redefer is None  # the restore entry was used, and freed
+    if where == "channel":
+        assert isinstance(owner, topic_mod.Channel)
+        assert owner.deferred_count == 1 and owner.depth == 0
+        return
+    # the topic keeps it as a deferred backlog entry; its first channel defers it
+    ch = topic.get_channel("c")
+    nsqd.run_pending()
+    assert ch.deferred_count == 1 and ch.depth == 0
+
+
 def test_dead_letter_ping_pong_is_bounded() -> None:
     # two full queues dead-lettering to each other must not recurse for ever
     nsqd, _ = make_nsqd(mem_queue_size=10)
@@ -192,7 +216,7 @@ def test_topic_backlog_overflow_and_used_up_attempts_at_delivery() -> None:
     topic.put_messages([b"a", b"b", b"c"])
     assert topic.depth == 2 and topic.policy_counts is not None
     assert topic.policy_counts.overflow_count == 1 and nsqd.topics["dl"].message_count == 1
-    topic.put_deferred(b"d", 10.0)  # a DPUB waiting in the topic counts too
+    topic.put_messages([b"d"], 10.0)  # a DPUB waiting in the topic counts too
     assert topic.depth == 2 and topic.policy_counts.overflow_count == 2
     # a message read back from disk after an exit with its attempts used up
     _set(nsqd, "u", "c", max_attempts=3, dead_letter_topic="dl")
