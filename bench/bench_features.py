@@ -275,10 +275,11 @@ def run_phase(
     args: tuple[Any, ...],
     workers: int,
     runfor: float,
+    lead: float = 1.0,
 ) -> tuple[int, float, float, float]:
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    start = time.time() + 1.0  # connections made first
+    start = time.time() + lead  # connections made first
     end = start + runfor
     procs = [ctx.Process(target=target, args=(*args, start, end, out)) for _ in range(workers)]
     for p in procs:
@@ -326,8 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         help="incompressible message bodies (default: zeros, as Go's bench_writer)",
     )
     p.add_argument("--nsqd-bin", default=run_bench.default_nsqd())
+    p.add_argument(
+        "--lead",
+        default="1s",
+        help="time the workers get to connect before each phase starts (Go duration)",
+    )
     args = p.parse_args(argv)
     runfor = run_bench.parse_go_duration_s(args.runfor)
+    lead = run_bench.parse_go_duration_s(args.lead)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for mode in modes:
         if mode not in MODES:
@@ -360,7 +367,12 @@ def main(argv: list[str] | None = None) -> int:
                     ("SUB", reader, (topic, "ch", args.rdy)),
                 ):
                     msgs, seconds, server_cpu, client_cpu = run_phase(
-                        nsqd, target, (nsqd.tcp_address, mode, ca, *extra), args.workers, runfor
+                        nsqd,
+                        target,
+                        (nsqd.tcp_address, mode, ca, *extra),
+                        args.workers,
+                        runfor,
+                        lead,
                     )
                     result = Result(mode, phase, msgs, seconds, server_cpu, client_cpu)
                     results.append(result)

@@ -3,8 +3,11 @@
 #
 #   bench/bench_http.sh [--duration 10s] [--connections 32] [--threads 1] [--size 100]
 #                       [--batch 100] [--nsqd-bin "python -m nsqpy.nsqd"] [--keep-data]
+#                       [--load-tool auto|wrk|python]
 #
-# Needs wrk (https://github.com/wg/wrk); on Debian/Ubuntu: apt-get install -y wrk
+# Needs wrk (https://github.com/wg/wrk); on Debian/Ubuntu: apt-get install -y wrk. Without
+# it (--load-tool auto, the default) bench/_http_load.py, a Python stand-in printing wrk's
+# summary lines, drives the load instead, with a warning: its figures are its own ceiling.
 #
 # Starts a fresh nsqd on 127.0.0.1 port 0 (ours by default; any nsqd binary with
 # --nsqd-bin, e.g. a Go nsqd), reads its HTTP port from the "HTTP: listening on"
@@ -22,6 +25,7 @@ threads=1
 size=100
 batch=100
 keep_data=0
+load_tool=auto
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 nsqd_bin="uv run --project $repo --frozen python -m nsqpy.nsqd"
@@ -35,12 +39,22 @@ while [ $# -gt 0 ]; do
     --batch) batch="$2"; shift 2 ;;
     --nsqd-bin) nsqd_bin="$2"; shift 2 ;;
     --keep-data) keep_data=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --load-tool) load_tool="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
 
-command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
+case "$load_tool" in
+  auto) if command -v wrk >/dev/null; then load_tool=wrk; else
+          echo "warning: wrk not found (apt-get install -y wrk): bench/_http_load.py drives" \
+               "the load instead; its figures are bounded by Python, not by nsqd" >&2
+          load_tool=python
+        fi ;;
+  wrk) command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; } ;;
+  python) ;;
+  *) echo "unknown --load-tool: $load_tool (auto, wrk or python)" >&2; exit 2 ;;
+esac
 command -v curl >/dev/null || { echo "curl not found: apt-get install -y curl" >&2; exit 1; }
 
 work="$(mktemp -d /tmp/nsq-bench-http.XXXXXX)"
@@ -83,6 +97,21 @@ wrk.body = table.concat(parts)
 wrk.headers["Content-Type"] = "application/octet-stream"
 EOF
 
+# the same bodies as files, for bench/_http_load.py
+python3 - "$work" "$size" "$batch" <<'EOF'
+import struct, sys
+work, size, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+line = b"a" * size
+bodies = {
+    "pub": line,
+    "mpub": b"\n".join([line] * batch),
+    "mpub_binary": struct.pack(">i", batch) + (struct.pack(">i", size) + line) * batch,
+}
+for name, body in bodies.items():
+    with open(f"{work}/{name}.body", "wb") as f:
+        f.write(body)
+EOF
+
 # -- nsqd -----------------------------------------------------------------------------------
 mkdir -p "$work/data"
 # shellcheck disable=SC2086 # nsqd_bin is a command line
@@ -107,7 +136,7 @@ topic_count() {
 }
 
 echo "nsqd: $nsqd_bin (pid $server_pid) on http://$http"
-echo "wrk: -t$threads -c$connections -d$duration, body $size bytes, batch $batch"
+echo "$load_tool: -t$threads -c$connections -d$duration, body $size bytes, batch $batch"
 echo
 
 run() {  # run <name> <lua script> <path and query> <messages per request> <topic>
@@ -119,22 +148,27 @@ run() {  # run <name> <lua script> <path and query> <messages per request> <topi
   before_cpu="$(cpu_ticks)"
   local started ended
   started="$(date +%s.%N)"
-  out="$(wrk -t"$threads" -c"$connections" -d"$duration" --latency -s "$work/$script" \
-    "http://$http$target")"
+  if [ "$load_tool" = wrk ]; then
+    out="$(wrk -t"$threads" -c"$connections" -d"$duration" --latency -s "$work/$script" \
+      "http://$http$target")"
+  else
+    out="$(python3 "$here/_http_load.py" -t"$threads" -c"$connections" -d"$duration" \
+      --body-file "$work/${script%.lua}.body" "http://$http$target")"
+  fi
   ended="$(date +%s.%N)"
   count=$(( $(topic_count "$topic") - before_count ))
   cpu=$(( $(cpu_ticks) - before_cpu ))
   rps="$(awk '/^Requests\/sec:/ {print $2}' <<< "$out")"
   non2xx="$(awk '/Non-2xx/ {print $5}' <<< "$out")"
   secs="$(python3 -c "print($ended - $started)")"
-  echo "== $name: wrk -t$threads -c$connections -d$duration -s $script 'http://$http$target'"
+  echo "== $name: $load_tool -t$threads -c$connections -d$duration -s $script 'http://$http$target'"
   grep -E "Latency|50%|99%|requests in|Non-2xx|Socket errors" <<< "$out" | sed 's/^/   /'
-  python3 - "$rps" "$per_request" "$count" "$secs" "$cpu" "${non2xx:-0}" <<'EOF'
+  python3 - "$rps" "$per_request" "$count" "$secs" "$cpu" "${non2xx:-0}" "$load_tool" <<'EOF'
 import os, sys
-rps, per, count, secs, ticks, non2xx = sys.argv[1:]
+rps, per, count, secs, ticks, non2xx, tool = sys.argv[1:]
 rps, per, count, secs = float(rps), int(per), int(count), float(secs)
 cpu = int(ticks) / os.sysconf("SC_CLK_TCK")
-print(f"   {rps:,.0f} req/s, {rps * per:,.0f} msgs/s (wrk); "
+print(f"   {rps:,.0f} req/s, {rps * per:,.0f} msgs/s ({tool}); "
       f"nsqd counted {count:,} msgs = {count / secs:,.0f} msgs/s; "
       f"nsqd CPU {cpu:.1f}s = {cpu / max(count, 1) * 1e6:.1f} us/msg; non-2xx: {non2xx}")
 EOF

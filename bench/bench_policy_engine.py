@@ -9,6 +9,7 @@ FINs in batches; the best of 7 rounds of 400,000 messages is printed.
 
     uv run python bench/bench_policy_engine.py
     uv run python bench/bench_policy_engine.py --max-attempts=5 --message-ttl=3600 --max-queue-depth=100000000
+    uv run python bench/bench_policy_engine.py --rounds 1 --batches 10   # a smoke run (the tests')
 
 Compare two trees by running it with ``PYTHONPATH=<tree>`` from outside both.
 """
@@ -43,14 +44,14 @@ class Consumer:
         self.requeue_count = 0
         self.received = 0
 
-    def send_messages(self, frames: list[bytes], count: int) -> None:
+    def send_messages(self, frames: list[bytes], count: int, nbytes: int) -> None:
         self.received += count
 
     def close_for_exit(self) -> None:
         pass
 
 
-def one_round(opts: Options) -> float:
+def one_round(opts: Options, batches: int = BATCHES) -> float:
     nsqd = NSQD(opts, logger=Logger("", stream=io.StringIO()))
     topic = nsqd.get_topic("t")
     channel = topic.get_channel("c")
@@ -58,7 +59,7 @@ def one_round(opts: Options) -> float:
     channel.add_client(consumer)
     bodies = [b"x" * 200] * BATCH
     start = time.process_time()
-    for _ in range(BATCHES):
+    for _ in range(batches):
         topic.put_messages(bodies)
         if len(consumer.in_flight) >= 2000:
             channel.finish_many(consumer, list(consumer.in_flight))
@@ -67,7 +68,7 @@ def one_round(opts: Options) -> float:
         channel.finish_many(consumer, list(consumer.in_flight))
         channel.dispatch()
     elapsed = time.process_time() - start
-    assert consumer.received == BATCHES * BATCH, consumer.received
+    assert consumer.received == batches * BATCH, consumer.received
     return elapsed
 
 
@@ -76,7 +77,13 @@ def main() -> None:
     p.add_argument("--max-attempts", type=int, default=0)
     p.add_argument("--message-ttl", type=float, default=0.0, help="seconds")
     p.add_argument("--max-queue-depth", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds; the best is printed")
+    p.add_argument(
+        "--batches", type=int, default=BATCHES, help=f"MPUBs of {BATCH} messages per round"
+    )
     args = p.parse_args()
+    if args.rounds < 1 or args.batches < 1:
+        p.error("--rounds and --batches must be >= 1")
     # only the policy flags that are set: the tool also runs on a tree without policies
     policy = {
         k: v
@@ -88,8 +95,8 @@ def main() -> None:
         if v
     }
     opts = Options(mem_queue_size=1_000_000, **policy)
-    best = min(one_round(opts) for _ in range(ROUNDS))
-    print(f"{best / (BATCHES * BATCH) * 1e9:.0f} ns/msg engine cpu (best of {ROUNDS})")
+    best = min(one_round(opts, args.batches) for _ in range(args.rounds))
+    print(f"{best / (args.batches * BATCH) * 1e9:.0f} ns/msg engine cpu (best of {args.rounds})")
 
 
 if __name__ == "__main__":
