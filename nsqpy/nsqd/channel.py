@@ -332,13 +332,7 @@ class Channel:
         to ``share`` (0: all it has room for)."""
         clients = self.clients if order is None else order
         n = len(clients)
-        backend = self._backend
         start = self._next if order is None else 0
-        memory = self._memory
-        popleft = memory.popleft
-        pack = MESSAGE_FRAME_HEADER.pack
-        pack_head = _FRAME_HEAD.pack
-        unpack = RUN_SIZE.unpack_from
         now = 0.0
         delivered = 0
         for k in range(n):
@@ -349,92 +343,39 @@ class Channel:
                 continue
             if share and room > share:
                 room = share
-            if self._depth < room and backend.depth():
+            if self._depth < room and self._backend.depth():
                 self._refill(room - self._depth)
-            if not self._depth:
+            depth = self._depth
+            if not depth:
                 self._next = (start + k) % n
                 break
             if not now:
                 now = time.monotonic()
             deadline = now + client.msg_timeout
             frames: list[bytes] = []
-            append = frames.append
             if client.sample_rate or self.policy is not None:
                 take = self._sampled(client, room, frames, now, deadline)
                 nbytes = sum(map(len, frames))
             else:
+                take = left = room if room < depth else depth
                 nbytes = 0
-                take = left = room if room < self._depth else self._depth
+                memory = self._memory
                 while left:
-                    entry = popleft()
+                    entry = memory.popleft()
                     if len(entry) == 6:  # a Run: its messages straight out of its payload
-                        payload, pos, length, prefix, seq, timestamp = entry
-                        count = left if left < length else length
-                        last = seq + count
-                        # A frame's head up to the ID depends only on the body's size here
-                        # (same timestamp, attempts 1): packed once per size, not per message.
-                        size = unpack(payload, pos)[0]
-                        step = 4 + size
-                        span = count * step
-                        first_pos = pos
-                        if pos + span <= len(payload) and all(
-                            payload[j : pos + span : step] == payload[j : j + 1] * count
-                            for j in range(pos, pos + 4)
-                        ):  # bodies of one size (the usual MPUB): no size to read per message,
-                            # and one in-flight record for them all
-                            flight = Flight(payload, pos, step, seq, timestamp, deadline, now)
-                            head = pack_head(size + 30, 2, timestamp, 1)
-                            if count < _C_LOOPS_FROM:
-                                at = pos + 4
-                                for hex3 in HEX3[seq:last]:
-                                    msg_id = prefix + hex3
-                                    append(head + msg_id)
-                                    append(payload[at : at + size])
-                                    at += step
-                                    in_flight[msg_id] = flight
-                            else:  # the same in C loops: a frame is three pieces, two shared
-                                hexes = HEX3[seq:last]
-                                part = [head + prefix, b"", b""] * count
-                                part[1::3] = hexes
-                                part[2::3] = map(
-                                    _first,
-                                    struct.iter_unpack(
-                                        b"4x%ds" % size, memoryview(payload)[pos : pos + span]
-                                    ),
-                                )
-                                frames += part
-                                in_flight.update(
-                                    zip(map(prefix.__add__, hexes), itertools.repeat(flight))
-                                )
-                            pos += span
-                        else:
-                            pos = self._run_frames(
-                                payload,
-                                pos,
-                                prefix,
-                                seq,
-                                last,
-                                timestamp,
-                                frames,
-                                in_flight,
-                                deadline,
-                                now,
-                            )
-                        nbytes += pos - first_pos + 30 * count  # <size><body> -> a frame
+                        count, size = self._run_into(entry, left, frames, in_flight, deadline, now)
+                        nbytes += size
                         left -= count
-                        if count < length:  # the rest of the run stays at the head
-                            rest = Run(payload, pos, length - count, prefix, last, timestamp)
-                            memory.appendleft(rest)
                         continue
                     msg_id, timestamp, attempts, body = entry
                     attempts += 1
                     size = len(body) + 30
                     nbytes += size + 4
-                    append(pack(size, 2, timestamp, attempts, msg_id))
-                    append(body)
+                    frames.append(MESSAGE_FRAME_HEADER.pack(size, 2, timestamp, attempts, msg_id))
+                    frames.append(body)
                     in_flight[msg_id] = (msg_id, timestamp, attempts, body, deadline, now)
                     left -= 1
-                self._depth -= take
+                self._depth = depth - take
             if take:
                 client.message_count += take
                 self.delivery_count += take
@@ -445,6 +386,62 @@ class Channel:
         if now:
             self._nsqd.scan_candidate(self)
         return delivered
+
+    def _run_into(
+        self,
+        run: Run,
+        left: int,
+        frames: list[bytes],
+        in_flight: dict[bytes, InFlight],
+        deadline: float,
+        now: float,
+    ) -> tuple[int, int]:
+        """Frames for up to ``left`` messages of a run off the memory queue's head, straight
+        out of its payload, and their in-flight records; the rest of the run stays at the
+        head. Returns how many messages, and their frames' size."""
+        payload, pos, length, prefix, seq, timestamp = run
+        count = left if left < length else length
+        last = seq + count
+        # A frame's head up to the ID depends only on the body's size here (same timestamp,
+        # attempts 1): packed once per size, not per message.
+        size = RUN_SIZE.unpack_from(payload, pos)[0]
+        step = 4 + size
+        span = count * step
+        first_pos = pos
+        if pos + span <= len(payload) and all(
+            payload[j : pos + span : step] == payload[j : j + 1] * count
+            for j in range(pos, pos + 4)
+        ):  # bodies of one size (the usual MPUB): no size to read per message, and one
+            # in-flight record for them all
+            flight = Flight(payload, pos, step, seq, timestamp, deadline, now)
+            head = _FRAME_HEAD.pack(size + 30, 2, timestamp, 1)
+            if count < _C_LOOPS_FROM:
+                append = frames.append
+                at = pos + 4
+                for hex3 in HEX3[seq:last]:
+                    msg_id = prefix + hex3
+                    append(head + msg_id)
+                    append(payload[at : at + size])
+                    at += step
+                    in_flight[msg_id] = flight
+            else:  # the same in C loops: a frame is three pieces, two shared
+                hexes = HEX3[seq:last]
+                part = [head + prefix, b"", b""] * count
+                part[1::3] = hexes
+                part[2::3] = map(
+                    _first,
+                    struct.iter_unpack(b"4x%ds" % size, memoryview(payload)[pos : pos + span]),
+                )
+                frames += part
+                in_flight.update(zip(map(prefix.__add__, hexes), itertools.repeat(flight)))
+            pos += span
+        else:
+            pos = self._run_frames(
+                payload, pos, prefix, seq, last, timestamp, frames, in_flight, deadline, now
+            )
+        if count < length:  # the rest of the run stays at the head
+            self._memory.appendleft(Run(payload, pos, length - count, prefix, last, timestamp))
+        return count, pos - first_pos + 30 * count  # <size><body> -> a frame
 
     @staticmethod
     def _run_frames(

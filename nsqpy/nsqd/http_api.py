@@ -208,9 +208,10 @@ class NSQDHTTPServer:
         return f"NOK - {error}" if error else "OK"
 
     def _topic_name(self, params: ReqParams) -> str:
-        """Go's ``getTopicFromQuery`` before its GetTopic: the name, checked."""
+        """Go's ``getTopicFromQuery`` before its GetTopic: the name, checked (a topic's name
+        is valid: NSQD.open_topic makes no other)."""
         name = params.topic()
-        if not is_valid_topic_name(name):
+        if name not in self.nsqd.topics and not is_valid_topic_name(name):
             raise HTTPError(400, "INVALID_TOPIC")
         if self.nsqd.exiting:
             raise HTTPError(503, "EXITING")
@@ -290,17 +291,16 @@ class NSQDHTTPServer:
         body = await _read_body(request, max_size)
         if body is None:
             raise HTTPError(413, "MSG_TOO_BIG")
-        starting = self._pub_body(request, body)
+        starting = self._pub_body(ReqParams(request), body)
         if starting is not None:
             await until_started(starting)
         return "OK"
 
-    def _pub_body(self, request: Request, body: bytes) -> Topic | None:
+    def _pub_body(self, params: ReqParams, body: bytes) -> Topic | None:
         """``POST /pub`` once its body is read: Go's checks in Go's order, then the publish.
         Returns the new topic to wait for before answering, if any."""
         if not body:
             raise HTTPError(400, "MSG_EMPTY")
-        params = ReqParams(request)
         name = self._topic_name(params)
         delay = 0.0
         starting: Topic | None = None
@@ -330,9 +330,10 @@ class NSQDHTTPServer:
         ):
             return None
         try:
-            if ReqParams(request).get("topic") not in self.nsqd.topics:
+            params = ReqParams(request)
+            if params.get("topic") not in self.nsqd.topics:
                 return None  # a new topic may have to wait for its channels: _pub
-            self._pub_body(request, body)
+            self._pub_body(params, body)
         except HTTPError:
             return None
         return _OK

@@ -277,12 +277,20 @@ class GUIDFactory:
     instead moves its own tick forward, which keeps IDs unique and increasing.
     """
 
-    __slots__ = ("_last_ts", "_node_bits", "_sequence")
+    __slots__ = ("_last_ts", "_node_bits", "_prefix", "_sequence")
 
     def __init__(self, node_id: int) -> None:
         self._node_bits = node_id << _SEQUENCE_BITS
         self._last_ts = -1
         self._sequence = 0
+        # The 13 hex digits shared by the IDs of the current tick (all but the sequence's 3)
+        self._prefix = b""
+
+    def _tick(self, ts: int) -> None:
+        self._last_ts = ts
+        self._sequence = 0
+        base = ((ts - _TWEPOCH) << (_SEQUENCE_BITS + _NODE_ID_BITS)) | self._node_bits
+        self._prefix = b"%013x" % (base >> _SEQUENCE_BITS)
 
     def new_ids(self, count: int) -> list[bytes]:
         """``count`` new IDs as 16 lowercase hex bytes each."""
@@ -300,36 +308,28 @@ class GUIDFactory:
         now = time.time_ns() >> 20
         while count > 0:
             if now > self._last_ts:
-                self._last_ts = now
-                self._sequence = 0
+                self._tick(now)
                 first = 0
             else:
                 first = self._sequence + 1
                 if first > _SEQUENCE_MASK:
-                    self._last_ts += 1
-                    self._sequence = 0
+                    self._tick(self._last_ts + 1)
                     first = 0
             last = min(_SEQUENCE_MASK, first + count - 1)
-            base = (
-                (self._last_ts - _TWEPOCH) << (_SEQUENCE_BITS + _NODE_ID_BITS)
-            ) | self._node_bits
-            # The sequence is the low 12 bits, the last 3 hex digits: the other 13 are the
-            # same for the whole span.
-            spans.append((b"%013x" % (base >> _SEQUENCE_BITS), first, last - first + 1))
+            spans.append((self._prefix, first, last - first + 1))
             count -= last - first + 1
             self._sequence = last
         return spans
 
-    def new_id(self) -> bytes:
-        """One new ID: new_ids(1)'s, for PUB, without the run arithmetic."""
-        now = time.time_ns() >> 20
+    def new_id(self, now_ns: int) -> bytes:
+        """One new ID at ``now_ns`` (time.time_ns(), the message's timestamp): new_ids(1)'s,
+        for PUB, without the run arithmetic."""
+        now = now_ns >> 20
         if now > self._last_ts:
-            self._last_ts = now
-            sequence = 0
-        else:
-            sequence = self._sequence + 1
-            if sequence > _SEQUENCE_MASK:
-                return self.new_ids(1)[0]
+            self._tick(now)
+            return self._prefix + HEX3[0]
+        sequence = self._sequence + 1
+        if sequence > _SEQUENCE_MASK:
+            return self.new_ids(1)[0]
         self._sequence = sequence
-        base = ((self._last_ts - _TWEPOCH) << (_SEQUENCE_BITS + _NODE_ID_BITS)) | self._node_bits
-        return b"%013x" % (base >> _SEQUENCE_BITS) + HEX3[sequence]
+        return self._prefix + HEX3[sequence]

@@ -67,7 +67,8 @@ class NSQD:
         self._pump_set: set[Topic] = set()
         # Between hold_dispatch() and release_dispatch(): the channels whose consumers get
         # what was published meanwhile (a dict, so that each is dispatched once).
-        self._dispatch_later: dict[Channel, None] | None = None
+        self._dispatch_held = False
+        self._dispatch_later: dict[Channel, None] = {}
         # Set by the server: asks for run_pending() to be called soon.
         self.wakeup: Callable[[], None] = lambda: None
         # Set by the server: told of every read before it is handled (common/idlepoll.py);
@@ -362,22 +363,23 @@ class NSQD:
     def hold_dispatch(self) -> None:
         """Until release_dispatch(), what is published reaches consumers only then: a server
         answers a read's publishes first, as Go's topic pump runs beside the publisher."""
-        self._dispatch_later = {}
+        self._dispatch_held = True
 
     def release_dispatch(self) -> None:
-        later, self._dispatch_later = self._dispatch_later, None
+        self._dispatch_held = False
+        later = self._dispatch_later
         if later:
+            self._dispatch_later = {}
             for channel in later:
                 channel.dispatch()
 
     def request_dispatch(self, channel: Channel) -> None:
         """A publish queued messages in ``channel``, which has consumers: deliver them now,
         or at release_dispatch() while dispatch is held."""
-        later = self._dispatch_later
-        if later is None:
-            channel.dispatch()
+        if self._dispatch_held:
+            self._dispatch_later[channel] = None
         else:
-            later[channel] = None
+            channel.dispatch()
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)

@@ -144,6 +144,7 @@ class ClientV2(asyncio.Protocol):
         self._want_dispatch = False
         # The first publish of the read batch, as (error code, command): a failed flush fails it.
         self._publish_code: tuple[str, str] | None = None
+        self._sync_acks = opts.sync_every == 1
         # Replies held until disk syncs complete (durable acknowledgements, --sync-every=1).
         self._held_syncs = 0
         self._sync_failed: BaseException | None = None
@@ -238,31 +239,24 @@ class ClientV2(asyncio.Protocol):
         round trip does not include the fan-out."""
         nsqd = self.nsqd
         nsqd.hold_dispatch()
-        try:
-            self._handle_commands(parser, first)
-        finally:
-            nsqd.release_dispatch()
-
-    def _handle_commands(self, parser: CommandParser, first: Command | None) -> None:
         self._in_batch = True
-        # FINs after CLS too (STATE_CLOSING): a consumer that drains before closing sends
-        # them all at once then (the Spark connector does).
-        if (
-            first is None
-            and self.channel is not None
-            and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING)
-        ):
-            fins = parser.take_fin_block()
-            if fins is not None:
-                self._fin_many(self.channel, fins)
-        handlers = _HANDLERS
         try:
+            # FINs after CLS too (STATE_CLOSING): a consumer that drains before closing
+            # sends them all at once then (the Spark connector does).
+            if (
+                first is None
+                and self.channel is not None
+                and (self.state == STATE_SUBSCRIBED or self.state == STATE_CLOSING)
+            ):
+                fins = parser.take_fin_block()
+                if fins is not None:
+                    self._fin_many(self.channel, fins)
+            handlers = _HANDLERS
             while not self._closed:
                 try:
                     command = first or parser.next_command()
                     if command is None:
                         break
-                    first = None
                     params, body = command
                     handler = handlers.get(params[0])
                     if handler is None:
@@ -275,16 +269,19 @@ class ClientV2(asyncio.Protocol):
                     if err.fatal:
                         self._close_after_flush()
                         return
+                if first is not None:
+                    break  # take_publish's command: nothing else is buffered
+            self._in_batch = False
+            self._end_batch()
         except ConnectionFailure as err:
             self.nsqd.logger.error(f"[{self}] - {err}")
             self._close_after_flush()
-            return
         except _Suspend as suspend:
+            self._in_batch = False
             self._suspend(suspend, params, body)
-            return
         finally:
             self._in_batch = False
-        self._end_batch()
+            nsqd.release_dispatch()
 
     def _read_magic(self, data: bytes) -> bytes:
         need = 4 - len(self._magic)
@@ -538,29 +535,28 @@ class ClientV2(asyncio.Protocol):
             self._want_dispatch = False
             if self.channel is not None and self.state == STATE_SUBSCRIBED:
                 self.channel.dispatch()
-        if self._publish_code and not self._acknowledge(self.nsqd.flush_touched()):
-            return
+        published = self._publish_code
+        if published is not None:
+            # The batch's publishes are queued: let the replies go once their disk writes
+            # are with the OS (after the fsync with --sync-every=1), or fail them all.
+            failed = self.nsqd.flush_touched()
+            if failed is not None:
+                # Nothing of this batch is acknowledged: the disk refused the write.
+                code, cmd = published
+                text = f"{code} {cmd} failed {failed}"
+                self._out = [encode_error(text)]
+                self._respond_now = True
+                self.nsqd.logger.error(f"[{self}] - {text}")
+                self._close_after_flush()
+                return
+            self._publish_code = None
+            if self._sync_acks:
+                self._hold_for_sync()
         if self._out:
-            self._apply_flush_rules()
-
-    def _acknowledge(self, failed: str | None) -> bool:
-        """The batch's publishes are queued and ``failed`` is what flush_touched said of
-        their disk writes: let the replies go (after the fsync with --sync-every=1), or
-        fail them all and close (False)."""
-        assert self._publish_code is not None
-        if failed is not None:
-            # Nothing of this batch is acknowledged: the disk refused the write.
-            code, cmd = self._publish_code
-            text = f"{code} {cmd} failed {failed}"
-            self._out = [encode_error(text)]
-            self._respond_now = True
-            self.nsqd.logger.error(f"[{self}] - {text}")
-            self._close_after_flush()
-            return False
-        self._publish_code = None
-        if self.nsqd.opts.sync_every == 1:
-            self._hold_for_sync()
-        return True
+            if self._respond_now:
+                self._flush()  # (what _apply_flush_rules would do)
+            else:
+                self._apply_flush_rules()
 
     def _hold_for_sync(self) -> None:
         """--sync-every=1: what this batch published is acknowledged once it is on disk.
@@ -1005,7 +1001,8 @@ class ClientV2(asyncio.Protocol):
         counts = self.pub_counts
         counts[topic_name] = counts.get(topic_name, 0) + count
         self._publish_code = self._publish_code or (code, cmd)
-        self._respond(FRAME_OK)
+        self._out.append(FRAME_OK)
+        self._respond_now = True
 
 
 async def until_started(topic: Topic) -> None:

@@ -134,7 +134,8 @@ class Topic:
             size = len(payload) - 4 * count
         elif len(bodies) == 1 and timestamps is None:
             body = bodies[0]
-            msg: Message = (self._ids.new_id(), time.time_ns(), 0, body)
+            now = time.time_ns()
+            msg: Message = (self._ids.new_id(now), now, 0, body)
             if delay > 0:
                 self._defer(msg, delay)
             else:

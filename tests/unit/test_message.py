@@ -64,7 +64,7 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> FrozenTime:
 
 def test_ids_are_16_lowercase_hex() -> None:
     factory = GUIDFactory(5)
-    for msg_id in [*factory.new_ids(100), factory.new_id()]:
+    for msg_id in [*factory.new_ids(100), factory.new_id(message_mod.time.time_ns())]:
         assert isinstance(msg_id, bytes)
         assert len(msg_id) == 16
         assert HEX16.fullmatch(msg_id)
@@ -72,7 +72,7 @@ def test_ids_are_16_lowercase_hex() -> None:
 
 def test_ids_strictly_increasing_and_unique() -> None:
     factory = GUIDFactory(1)
-    ids = [factory.new_id() for _ in range(3000)]
+    ids = [factory.new_id(message_mod.time.time_ns()) for _ in range(3000)]
     for n in (1, 7, 500, 4096, 5000):
         ids.extend(factory.new_ids(n))
     assert len(set(ids)) == len(ids)
@@ -103,7 +103,7 @@ def test_sequence_starts_at_zero_on_a_new_tick(frozen: FrozenTime) -> None:
     first = factory.new_ids(3)
     assert [decode_id(i)[2] for i in first] == [0, 1, 2]
     frozen.ns += 1 << 20  # next tick
-    ts, node, seq = decode_id(factory.new_id())
+    ts, node, seq = decode_id(factory.new_id(message_mod.time.time_ns()))
     assert (ts, node, seq) == (frozen.ns >> 20, 9, 0)
 
 
@@ -114,7 +114,7 @@ def test_exact_encoding(frozen: FrozenTime) -> None:
         b"%016x" % ((1 << 22) | (2 << 12)),
         b"%016x" % ((1 << 22) | (2 << 12) | 1),
     ]
-    assert factory.new_id() == b"0000000000402002"
+    assert factory.new_id(message_mod.time.time_ns()) == b"0000000000402002"
 
 
 def test_more_than_4096_in_one_tick_moves_the_tick_forward(frozen: FrozenTime) -> None:
@@ -122,7 +122,7 @@ def test_more_than_4096_in_one_tick_moves_the_tick_forward(frozen: FrozenTime) -
     tick = frozen.ns >> 20
     factory = GUIDFactory(7)
     started = time.monotonic()
-    ids = factory.new_ids(6000) + [factory.new_id() for _ in range(6000)]
+    ids = factory.new_ids(6000) + [factory.new_id(message_mod.time.time_ns()) for _ in range(6000)]
     assert time.monotonic() - started < 5  # nothing slept per exhausted tick
     assert len(set(ids)) == 12000
     assert all(a < b for a, b in itertools.pairwise(ids))
@@ -135,7 +135,7 @@ def test_more_than_4096_in_one_tick_moves_the_tick_forward(frozen: FrozenTime) -
 
 def test_unique_across_more_than_10000_single_calls_in_one_tick(frozen: FrozenTime) -> None:
     factory = GUIDFactory(0)
-    ids = [factory.new_id() for _ in range(10_001)]
+    ids = [factory.new_id(message_mod.time.time_ns()) for _ in range(10_001)]
     assert len(set(ids)) == 10_001
     assert ids == sorted(ids)
 
