@@ -39,7 +39,7 @@ from nsqpy.common.goflags import format_duration_ns, version_string
 from nsqpy.common.gojson import encode_json, go_json_float
 from nsqpy.nsqd.e2e import E2EResult, E2EStream, empty_result
 from nsqpy.nsqd.policy import PolicyOwner, stats_fields, stats_text
-from nsqpy.nsqd.topology import GLOBAL, client_counts, delivery_counts
+from nsqpy.nsqd.topology import delivery_counts
 
 __all__ = [
     "ChannelStats",
@@ -259,11 +259,8 @@ def client_stats(client: StatsClient, topic_filter: str = "") -> ClientStats:
         "in_flight_count": len(client.in_flight),
         "message_count": client.message_count,
     }
-    # Go master: a client's deliveries count by its topology class (topology.py); without
-    # the experiment every client is global. Written only when non-zero (omitempty).
-    _put_locality_counts(
-        stats, client_counts(getattr(client, "locality", GLOBAL), client.message_count)
-    )
+    # (Go master's ClientStats declares zone/region/global counts but never fills them, so
+    # omitempty leaves them out: the channel's counters are the only ones, topology.py.)
     stats["finish_count"] = client.finish_count
     stats["requeue_count"] = client.requeue_count
     stats["connect_ts"] = client.connect_ts

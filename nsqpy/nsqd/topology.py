@@ -1,23 +1,29 @@
 """Topology-aware consumption (NSQ master, ``--enable-experiment=topology-aware-consumption``).
 
-All of the feature's rules live here:
+All of the feature's rules live here, as measured against Go's nsqd (tests/e2e/test_topology.py
+runs every combination against both):
 
-* **Locality of a consumer**, fixed at IDENTIFY. With the experiment on, a client is
-  *zone-local* when the ``topology_zone`` it sent equals nsqd's ``--topology-zone``, else
-  *region-local* when its ``topology_region`` equals ``--topology-region``, else *global*.
-  Plain string equality, as Go compares them (so with no zone set anywhere, "" == ""
-  makes every client zone-local). A client that never IDENTIFYs is global, and so is
-  every client without the experiment.
-* **Preference**. Go's channel offers each message first to a zone-local consumer that is
-  waiting for one (only when ``--topology-zone`` is set), then to one that reads the
-  region hand-off (zone- or region-local consumers, only when ``--topology-region`` is
-  set), then queues it for anyone. Here a dispatch pass visits the ready consumers in
-  that order, so a local consumer with room under its RDY takes what is queued before the
-  others; when no local consumer has room, the others get it: a preference, not a
-  partition, and no message waits for a local consumer.
-* **Counters**, as Go master keeps them: a delivery to a zone-local consumer counts in
-  ``zone_local_msg_count``, to a region-local one in ``region_local_msg_count``, to any
-  other in ``global_msg_count``; without the experiment every delivery is global.
+* **Locality of a consumer**, fixed at IDENTIFY: two separate facts, as Go keeps them.
+  *Zone-local* when the ``topology_zone`` it sent equals nsqd's ``--topology-zone``, and
+  *region-local* when its ``topology_region`` equals ``--topology-region``, each plain
+  string equality (so an unset zone on both sides, "" == "", is a zone match). A client
+  may be both, either or neither. One that never IDENTIFYs is neither, and so is every
+  client without the experiment.
+* **Preference**. Go's channel offers each message first to a waiting consumer that reads
+  the zone-local hand-off, then to one that reads the region-local hand-off, then queues it
+  for anyone. The zone hand-off exists only when ``--topology-zone`` is set and is read by
+  the zone-local consumers; the region hand-off exists only when ``--topology-region`` is
+  set and is read by the region-local ones (a zone match does not make a consumer read
+  it). So with no ``--topology-zone`` a zone match, even "" == "", gives no preference at
+  all. Here a dispatch pass visits the ready consumers in that order, so a preferred
+  consumer with room under its RDY takes what is queued before the others; when none has
+  room, the others get it: a preference, not a partition, and no message waits for a
+  local consumer.
+* **Counters**, as Go master keeps them, by the class of the consumer that got the message
+  (whichever hand-off it came by): ``zone_local_msg_count`` if it is zone-local, else
+  ``region_local_msg_count`` if it is region-local, else ``global_msg_count``; without the
+  experiment every delivery is global. They are the channel's; Go's per-client stats carry
+  none of them (the fields are declared but never filled, so omitempty leaves them out).
 
 The channel holds a :class:`TopologyPreference` only when the experiment is on, and its
 ``dispatch`` calls it at one visible point; without it nothing here runs.
@@ -39,26 +45,42 @@ __all__ = [
     "REGION_LOCAL",
     "ZONE_LOCAL",
     "TopologyPreference",
-    "client_counts",
+    "counter",
     "delivery_counts",
     "locality",
     "preference_for",
 ]
 
-ZONE_LOCAL: Final = 0
-REGION_LOCAL: Final = 1
-GLOBAL: Final = 2
+# A locality is a set of flags: the two facts are independent (ZONE_LOCAL | REGION_LOCAL
+# is a client that matches both).
+GLOBAL: Final = 0
+ZONE_LOCAL: Final = 1
+REGION_LOCAL: Final = 2
+
+# Indexes of the three counters (TopologyPreference.counts, the stats triples).
+_ZONE_COUNT, _REGION_COUNT, _GLOBAL_COUNT = 0, 1, 2
 
 
 def locality(opts: Options, zone: str, region: str) -> int:
-    """The locality of a client that sent ``zone`` and ``region`` in IDENTIFY."""
+    """The locality flags of a client that sent ``zone`` and ``region`` in IDENTIFY."""
     if not opts.has_experiment(TOPOLOGY_AWARE_CONSUMPTION):
         return GLOBAL
+    where = GLOBAL
     if zone == opts.topology_zone:
-        return ZONE_LOCAL
+        where |= ZONE_LOCAL
     if region == opts.topology_region:
-        return REGION_LOCAL
-    return GLOBAL
+        where |= REGION_LOCAL
+    return where
+
+
+def counter(where: int) -> int:
+    """Which counter a delivery to a consumer of locality ``where`` goes to: the zone one
+    if it is zone-local, else the region one if it is region-local, else the global one."""
+    if where & ZONE_LOCAL:
+        return _ZONE_COUNT
+    if where & REGION_LOCAL:
+        return _REGION_COUNT
+    return _GLOBAL_COUNT
 
 
 class _Local(Protocol):
@@ -84,9 +106,9 @@ class TopologyPreference:
 
     def _tier(self, client: _Local) -> int:
         where = client.locality
-        if where == ZONE_LOCAL and self._zone_set:
+        if where & ZONE_LOCAL and self._zone_set:
             return 0  # reads the zone-local hand-off
-        if where != GLOBAL and self._region_set:
+        if where & REGION_LOCAL and self._region_set:
             return 1  # reads the region-local hand-off
         return 2
 
@@ -116,7 +138,7 @@ class TopologyPreference:
             counts = self.counts
             for consumer, count in zip(order, before, strict=True):
                 if consumer.message_count != count:
-                    counts[consumer.locality] += consumer.message_count - count
+                    counts[counter(consumer.locality)] += consumer.message_count - count
         return delivered
 
 
@@ -133,10 +155,3 @@ def delivery_counts(preference: TopologyPreference | None, deliveries: int) -> t
         return 0, 0, deliveries
     zone, region, other = preference.counts
     return zone, region, other
-
-
-def client_counts(where: int, message_count: int) -> tuple[int, int, int]:
-    """A client's (zone_local, region_local, global) counts: all its deliveries in its class."""
-    counts = [0, 0, 0]
-    counts[where] = message_count
-    return counts[0], counts[1], counts[2]
