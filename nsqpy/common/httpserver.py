@@ -4,7 +4,8 @@ nsqd and nsqlookupd serve a few small JSON and text routes; aiohttp was most of 
 start-up time and more machinery per request than that needs (issue 16). This module
 serves HTTP/1.0 and 1.1 with keep-alive, pipelined requests answered in order, HEAD,
 ``Connection: close``, bodies by ``Content-Length`` or chunked, ``Expect:
-100-continue``, over TCP or a unix socket, with or without TLS.
+100-continue`` (as Go's: see :meth:`HTTPConnection._reading`; any other expectation gets
+Go's 417), over TCP or a unix socket, with or without TLS.
 
 It follows Go's ``net/http`` where a request is refused: the head (request line and
 headers) may take ``httplimits.MAX_HEADER_BYTES``, with no other limit on a line or on
@@ -70,6 +71,16 @@ _NO_HOST: Final = _go_reply(b"400 Bad Request: missing required Host header")
 _UNSUPPORTED_TE: Final = _go_reply(b"501 Not Implemented", b"Unsupported transfer encoding")
 _BAD_VERSION: Final = _go_reply(b"505 HTTP Version Not Supported")
 _CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def _expectation_failed(request: Request) -> bytes:
+    # net/http's sendExpectationFailed, byte for byte (no Content-Length to a HEAD)
+    return b"HTTP/1.%d 417 Expectation Failed\r\nConnection: close\r\nDate: %s\r\n%s\r\n" % (
+        request.version[1],
+        _date(),
+        b"" if request.method == "HEAD" else b"Content-Length: 0\r\n",
+    )
+
 
 # Go's StatusText for what these servers answer (Python's phrases differ between versions)
 _REASONS: Final = {
@@ -149,19 +160,26 @@ class Request:
 
     ``raw_path`` is the request target as sent (path and query), ``path`` its path
     percent-decoded (Go's ``URL.Path``), ``query_string`` the raw text after ``?``.
-    ``content_length`` is None for a chunked body.
+    ``content_length`` is None for a chunked body. ``expect_continue``: the client holds
+    its body back for a ``100 Continue`` (Go's test: an HTTP/1.1 request with a body whose
+    first ``Expect`` header has the token ``100-continue``, any case);
+    ``expectation_failed``: its first ``Expect`` is something else, which Go answers with
+    a 417 before any handler.
     """
 
     __slots__ = (
         "_complete",
         "_connection",
+        "_continue",
         "_error",
         "_parts",
+        "_read_whole",
         "_size",
         "_waiter",
         "chunked",
         "content_length",
         "expect_continue",
+        "expectation_failed",
         "headers",
         "keep_alive",
         "method",
@@ -184,6 +202,7 @@ class Request:
         content_length: int | None,
         keep_alive: bool,
         expect_continue: bool = False,
+        expectation_failed: bool = False,
     ) -> None:
         self.method = method
         self.raw_path = raw_path
@@ -195,6 +214,7 @@ class Request:
         self.chunked = content_length is None
         self.keep_alive = keep_alive
         self.expect_continue = expect_continue
+        self.expectation_failed = expectation_failed
         self.secure = False
         self.peername: Any = None  # the socket's getpeername(): (host, port, ...) or ""
         self._parts: list[bytes] = []
@@ -203,18 +223,22 @@ class Request:
         self._error: BodyError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._connection: HTTPConnection | None = None
+        self._continue = expect_continue  # a 100 Continue is owed at the first read
+        self._read_whole = False  # the handler read the body to its end
 
     async def read(self, limit: int = -1) -> bytes:
         """The whole body. With ``limit`` >= 0, raises :class:`BodyTooLarge` as soon as
         the body is known to be longer, without reading the rest. Raises
         :class:`BodyError` when the body ends early or its chunked coding is broken."""
+        if self._continue and self._connection is not None:
+            self._connection._reading(self)
         if 0 <= limit < (self.content_length or 0):
-            raise BodyTooLarge
+            raise self._too_large(limit)
         while not self._complete:
             if self._error is not None:
                 raise self._error
             if 0 <= limit < self._size:
-                raise BodyTooLarge
+                raise self._too_large(limit)
             if self._connection is None:
                 raise BodyError("the body is not being received")
             self._waiter = self._connection.want_body()
@@ -223,13 +247,21 @@ class Request:
             finally:
                 self._waiter = None
         if 0 <= limit < self._size:
-            raise BodyTooLarge
+            raise self._too_large(limit)
+        self._read_whole = True
         parts = self._parts
         if len(parts) == 1:
             return parts[0]
         body = b"".join(parts)
         self._parts = [body]
         return body
+
+    def _too_large(self, limit: int) -> BodyTooLarge:
+        # Go's handlers read through LimitReader(body, limit + 1): a body of just one byte
+        # more, all in, is read to its end all the same (see HTTPConnection._reading).
+        if self._complete and self._size == limit + 1:
+            self._read_whole = True
+        return BodyTooLarge()
 
     # the connection's side
 
@@ -274,6 +306,8 @@ class Response:
 
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+# The reply to an expectation other than 100-continue (written by _expectation_failed)
+_EXPECTATION_FAILED: Final = Response(417)
 # A route answered at once from a request whose whole body came with its head (see
 # HTTPServer.quick_routes): a Response, or None to leave the request to the handler.
 # The route keeps neither the request (a connection hands the same Request to each
@@ -376,6 +410,7 @@ def _parse_head(head: bytes) -> tuple[Any, ...]:
         path = _unquote_path(path)
 
     values: dict[str, str] = {}
+    expect = ""  # the first Expect header's value: Go's Header.get reads no further
     for line in lines[1:]:
         if not line:
             break
@@ -387,6 +422,8 @@ def _parse_head(head: bytes) -> tuple[Any, ...]:
         seen = values.get(key)
         if seen is None:
             values[key] = value
+            if key == "expect":
+                expect = value
         elif key == "content-length":
             if seen != value:
                 raise BadRequest  # Go: "cannot contain multiple Content-Length headers"
@@ -419,7 +456,10 @@ def _parse_head(head: bytes) -> tuple[Any, ...]:
             keep_alive = "close" not in [t.strip() for t in tokens.split(",")]
         else:
             keep_alive = "keep-alive" in [t.strip() for t in tokens.split(",")]
-    expect = values.get("expect")
+    # Go's server: "100-continue" among the first Expect's tokens waits for the body's
+    # first read, with HTTP/1.1 and a body (a chunked one, or a Content-Length but 0);
+    # any other expectation is a 417.
+    expects_continue = bool(expect) and _has_token(expect, "100-continue")
     return (
         method,
         target,
@@ -429,8 +469,25 @@ def _parse_head(head: bytes) -> tuple[Any, ...]:
         Headers(values),
         content_length,
         keep_alive,
-        expect is not None and minor == 1 and expect.lower() == "100-continue",
+        expects_continue and minor == 1 and content_length != 0,
+        bool(expect) and not expects_continue,
     )
+
+
+def _has_token(value: str, token: str) -> bool:
+    """Go's ``hasToken``: ``token`` (lower case) in ``value``, any ASCII case, bounded by
+    the value's ends, spaces, tabs or commas."""
+    folded = value.lower()
+    size = len(token)
+    start = folded.find(token)
+    while start >= 0:
+        end = start + size
+        if (start == 0 or folded[start - 1] in " ,\t") and (
+            end == len(folded) or folded[end] in " ,\t"
+        ):
+            return True
+        start = folded.find(token, start + 1)
+    return False
 
 
 # -- bodies ---------------------------------------------------------------------------------
@@ -806,14 +863,20 @@ class HTTPConnection(asyncio.Protocol):
             pos = head_end
             request.secure = self._secure
             request.peername = self._peername
-            if self._quick and not replayed:
+            if self._quick and not replayed and not request.expectation_failed:
                 quick = self._quick.get(request.path)
                 length = request.content_length
                 if quick is not None and length is not None and pos + length <= end:
                     response = self._ask(quick, request, bytes(buf[pos : pos + length]))
                     if response is not None:
                         pos += length
-                        if request.keep_alive and len(head) <= _LANE_HEAD_BYTES:
+                        # (a request expecting 100-continue owes its own interim reply:
+                        # not one for the lane, which reuses its Request)
+                        if (
+                            request.keep_alive
+                            and not request.expect_continue
+                            and len(head) <= _LANE_HEAD_BYTES
+                        ):
                             self._lane_head = head
                             self._lane_request = request
                             self._lane_quick = quick
@@ -878,20 +941,36 @@ class HTTPConnection(asyncio.Protocol):
 
     def want_body(self) -> asyncio.Future[None]:
         """For :meth:`Request.read`: a future set when more of the body arrives."""
-        request = self._current
         transport = self._transport
-        if request is not None and transport is not None:
-            if request.expect_continue and not request._size:
-                request.expect_continue = False
-                transport.write(_CONTINUE)
-            if self._paused:
-                self._paused = False
-                transport.resume_reading()
+        if self._current is not None and transport is not None and self._paused:
+            self._paused = False
+            transport.resume_reading()
         return asyncio.get_running_loop().create_future()
+
+    def _reading(self, request: Request, whole: bool = False) -> None:
+        """``Expect: 100-continue`` as Go's server keeps it (its expectContinueReader), one
+        rule for a handler's :meth:`Request.read` and a quick route's answer alike:
+
+        * the first read of the body of a request that expects it writes ``HTTP/1.1 100
+          Continue`` before anything else, whether or not the body has already come
+          (a quick route that answers has read the body: ``whole``);
+        * a request answered without its body read to the end (never read, or past a
+          limit) closes the connection after the reply (:meth:`_reply`).
+        """
+        if request._continue:
+            request._continue = False
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                transport.write(_CONTINUE)
+        if whole:
+            request._read_whole = True
 
     # -- handling -------------------------------------------------------------------------
 
     def _start(self, request: Request) -> None:
+        if request.expectation_failed:  # Go's 417, before any handler
+            self._finish(request, _EXPECTATION_FAILED)
+            return
         coro = self._server.handler(request)
         try:
             waiting = coro.send(None)
@@ -928,11 +1007,19 @@ class HTTPConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        keep_alive = request.keep_alive and not self._closing and not self._server.closing
+        keep_alive = (
+            request.keep_alive
+            and not self._closing
+            and not self._server.closing
+            and (request._read_whole or not request.expect_continue)  # see _reading
+        )
         if response is self._lane_response and request is self._lane_request and keep_alive:
             before, after, with_body = self._lane_parts
             head = before + _date() + after
             transport.write(head + response.body if with_body else head)
+        elif response is _EXPECTATION_FAILED:
+            keep_alive = False
+            transport.write(_expectation_failed(request))
         else:
             transport.write(encode_response(response, request, keep_alive))
         if self._body is request:
@@ -949,11 +1036,14 @@ class HTTPConnection(asyncio.Protocol):
 
     def _ask(self, quick: QuickHandler, request: Request, body: bytes) -> Response | None:
         """``quick``'s answer to ``request``; one that raises is answered as a handler
-        that raises, with a logged 500."""
+        that raises, with a logged 500. An answer is a read of the whole body."""
         try:
-            return quick(request, body)
+            response = quick(request, body)
         except Exception as err:
-            return self._server.crashed(err)
+            response = self._server.crashed(err)
+        if response is not None and request.expect_continue:  # (the rule is _reading's)
+            self._reading(request, whole=True)
+        return response
 
     def _close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():

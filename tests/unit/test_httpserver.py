@@ -146,6 +146,44 @@ def test_go_replies_for_host_version_and_transfer_coding() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("lines", "expect_continue", "expectation_failed"),
+    [
+        (b"Expect: 100-continue\r\nContent-Length: 1", True, False),
+        (b"Expect: 100-Continue\r\nContent-Length: 1", True, False),
+        (b"Expect: 100-CONTINUE\r\nContent-Length: 1", True, False),
+        (b"Expect: \t100-continue \r\nContent-Length: 1", True, False),
+        (b"Expect: foo, 100-continue\r\nContent-Length: 1", True, False),
+        (b"Expect: 100-continue,foo\r\nContent-Length: 1", True, False),
+        (b"Expect: 100-continue\r\nTransfer-Encoding: chunked", True, False),
+        # Go reads the first Expect header only
+        (b"Expect: 100-continue\r\nExpect: foo\r\nContent-Length: 1", True, False),
+        (b"Expect: foo\r\nExpect: 100-continue\r\nContent-Length: 1", False, True),
+        # no body, nothing to wait for; and no Expect at all
+        (b"Expect: 100-continue\r\nContent-Length: 0", False, False),
+        (b"Expect: 100-continue", False, False),
+        (b"Expect:\r\nContent-Length: 1", False, False),
+        # anything else is a 417
+        (b"Expect: foo\r\nContent-Length: 1", False, True),
+        (b"Expect: 100-continuex\r\nContent-Length: 1", False, True),
+        (b"Expect: 100-continue;x=1\r\nContent-Length: 1", False, True),
+        (b"Expect: foo", False, True),
+    ],
+    ids=lambda v: v.decode().replace("\r\n", " | ") if isinstance(v, bytes) else str(v),
+)
+def test_expect_read_as_go_does(
+    lines: bytes, expect_continue: bool, expectation_failed: bool
+) -> None:
+    request = parse_head(b"POST /pub HTTP/1.1\r\nHost: h\r\n" + lines + b"\r\n\r\n")
+    assert (request.expect_continue, request.expectation_failed) == (
+        expect_continue,
+        expectation_failed,
+    )
+    # HTTP/1.0: no interim reply ever, but still Go's 417 for another expectation
+    request = parse_head(b"POST /pub HTTP/1.0\r\n" + lines + b"\r\n\r\n")
+    assert (request.expect_continue, request.expectation_failed) == (False, expectation_failed)
+
+
 def test_find_head_end_takes_the_first_blank_line() -> None:
     assert find_head_end(b"GET / HTTP/1.1\r\nHost: h\r\n\r\nBODY") == 27
     assert find_head_end(b"GET / HTTP/1.1\nHost: h\n\nBODY\r\n\r\n") == 24
@@ -481,7 +519,8 @@ class _Recorder:
 def test_the_quick_lane_never_changes_what_is_answered(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random runs of requests, most with one head, cut at random points, the loop run a
     random number of turns between reads: with the lane and without it (no head short
-    enough), the same replies byte for byte but the Date, and the route sees the same."""
+    enough), the same replies byte for byte but the Date (100 Continue included, for the
+    heads with ``Expect: 100-continue``), and the route sees the same."""
 
     def quick(request: Request, body: bytes) -> Response | None:
         return None if body.startswith(b"n") else Response(200, b"quick " + body)
@@ -493,7 +532,9 @@ def test_the_quick_lane_never_changes_what_is_answered(monkeypatch: pytest.Monke
             size = rnd.choice([3, 3, 3, 4])
             path = rnd.choice(["/q", "/q", "/q", "/x", "/x/a/longer/path?and=a&query"])
             body = bytes(rnd.choice(b"abn") for _ in range(size))
-            extra = rnd.choice(["", "", "", "X-Some-Header: with a value\r\n"])
+            extra = rnd.choice(
+                ["", "", "", "X-Some-Header: with a value\r\n", "Expect: 100-continue\r\n"]
+            )
             head = f"POST {path} HTTP/1.1\r\nHost: h\r\n{extra}Content-Length: {size}\r\n\r\n"
             requests.append(head.encode() + body)
         data = b"".join(requests)
@@ -510,7 +551,8 @@ def test_the_quick_lane_never_changes_what_is_answered(monkeypatch: pytest.Monke
             for _ in range(rnd.randint(0, 3)):
                 await asyncio.sleep(0)
         for _ in range(1000):  # the handler's replies, a turn or two each
-            if transport.out.count(b"HTTP/1.1 ") >= len(requests):
+            out = transport.out
+            if out.count(b"HTTP/1.1 ") - out.count(_CONTINUE) >= len(requests):
                 break
             await asyncio.sleep(0)
         connection.connection_lost(None)
@@ -529,6 +571,9 @@ def test_the_quick_lane_never_changes_what_is_answered(monkeypatch: pytest.Monke
         return quick_answers
 
     assert arun(run()) > 1000  # most requests took the quick route, so the lane was tried
+
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def test_http10_closes_unless_kept_alive() -> None:
@@ -630,6 +675,130 @@ def test_expect_continue_is_answered_when_the_body_is_read() -> None:
     replies = arun(_serving(scenario))
     assert replies.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n")
     assert replies.endswith(b"POST /x 2 ok")
+
+
+async def _reads_unless_nope(request: Request) -> Response:
+    """_echo, except that ``/nope`` answers without reading the body (Go's 404)."""
+    if request.path == "/nope":
+        return Response(404, b"not found")
+    return await _echo(request)
+
+
+def _quick_pub(request: Request, body: bytes) -> Response | None:
+    return None if body.startswith(b"n") else Response(200, b"quick " + body)
+
+
+def _expect_exchange(*parts: bytes, pause: float = 0.0) -> bytes:
+    """What a server (_reads_unless_nope, a quick route at /q) sends back, Date masked."""
+    server = HTTPServer(_reads_unless_nope)
+    server.quick_routes["/q"] = _quick_pub
+
+    async def run() -> bytes:
+        _, port = (await server.listen_tcp("127.0.0.1", 0))[:2]
+        try:
+            return await _exchange(port, *parts, pause=pause)
+        finally:
+            await server.close()
+
+    return re.sub(rb"\r\nDate: [^\r]*", b"\r\nDate: X", arun(run()))
+
+
+_EXPECT = b"Host: h\r\nExpect: 100-continue\r\n"
+_LAST = b"GET /last HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+_LAST_REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nContent-Type: application/octet-stream\r\nDate: X\r\nConnection: close\r\n\r\nGET /last 0 "
+
+
+def test_expect_continue_gets_100_continue_even_when_the_body_came_with_the_head() -> None:
+    # Go writes its 100 Continue at the body's first read, whether or not the body is in
+    # already; then the reply, and the connection stays open. The quick lane (/q) and the
+    # handler (/x) alike, and each request of a repeated head (the lane's) its own.
+    head = b"POST /q HTTP/1.1\r\n" + _EXPECT + b"Content-Length: 3\r\n\r\n"
+    replies = _expect_exchange(
+        head + b"abc" + head + b"def" + head + b"nop"
+        b"POST /x HTTP/1.1\r\n" + _EXPECT + b"Content-Length: 2\r\n\r\nhi" + _LAST
+    )
+    quick = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Type: application/octet-stream\r\nDate: X\r\n\r\nquick "
+    assert replies == (
+        _CONTINUE + quick + b"abc"
+        + _CONTINUE + quick + b"def"
+        # the route's None: the handler reads, and there is one 100 Continue still
+        + _CONTINUE + b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: application/octet-stream\r\nDate: X\r\n\r\nPOST /q 3 nop"
+        + _CONTINUE + b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nContent-Type: application/octet-stream\r\nDate: X\r\n\r\nPOST /x 2 hi"
+        + _LAST_REPLY
+    )  # fmt: skip
+
+
+def test_expect_continue_with_a_chunked_body_and_over_a_limit() -> None:
+    # chunked: a body all the same. Past the handler's limit (10): Go's handler reads
+    # through LimitReader(body, 11), so a body of 11 is read to its end and the connection
+    # kept, one of 12 is not: the 100 Continue, the reply, and the connection closes.
+    limit = b"POST /limit HTTP/1.1\r\n" + _EXPECT
+    replies = _expect_exchange(
+        b"POST /x HTTP/1.1\r\n" + _EXPECT + b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"3\r\nabc\r\n0\r\n\r\n"
+        + limit + b"Content-Length: 11\r\n\r\n" + b"x" * 11
+        + limit + b"Content-Length: 12\r\n\r\n" + b"x" * 12
+        + _LAST
+    )  # fmt: skip
+    too_large = b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\nContent-Type: application/octet-stream\r\nDate: X\r\n"
+    assert replies == (
+        _CONTINUE + b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: application/octet-stream\r\nDate: X\r\n\r\nPOST /x 3 abc"
+        + _CONTINUE + too_large + b"\r\ntoo large"
+        + _CONTINUE + too_large + b"Connection: close\r\n\r\ntoo large"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("body_first", [True, False])
+def test_a_reply_without_reading_the_body_gets_no_100_continue_and_closes(
+    body_first: bool,
+) -> None:
+    # Go's 404 (its router reads no body): no 100 Continue, "Connection: close", and the
+    # connection closes once the body (sent with the head, or after all) is drained.
+    head = b"POST /nope HTTP/1.1\r\n" + _EXPECT + b"Content-Length: 3\r\n\r\n"
+    parts = (head + b"abc" + _LAST,) if body_first else (head, b"abc" + _LAST)
+    replies = _expect_exchange(*parts, pause=0.05)
+    assert replies == (
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nContent-Type: application/octet-stream\r\nDate: X\r\nConnection: close\r\n\r\nnot found"
+    )  # fmt: skip
+
+
+def test_no_100_continue_without_a_body_or_with_http10() -> None:
+    replies = _expect_exchange(
+        b"POST /x HTTP/1.1\r\n" + _EXPECT + b"Content-Length: 0\r\n\r\n"
+        + b"POST /q HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n"
+        + b"Connection: keep-alive\r\n\r\nabc"
+        + b"POST /nope HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 3\r\n"
+        + b"Connection: keep-alive\r\n\r\nabc"
+        + _LAST
+    )  # fmt: skip
+    assert _CONTINUE not in replies
+    assert _bodies(replies) == [b"POST /x 0 ", b"quick abc", b"not found", b"GET /last 0 "]
+    assert replies.count(b"Connection: close") == 1  # only the last: all were kept alive
+
+
+@pytest.mark.parametrize(
+    ("request_", "reply"),
+    [
+        (
+            b"POST /q HTTP/1.1\r\nHost: h\r\nExpect: foo\r\nContent-Length: 3\r\n\r\nabc",
+            b"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: X\r\n"
+            b"Content-Length: 0\r\n\r\n",
+        ),
+        (
+            b"POST /x HTTP/1.0\r\nExpect: 100-continuex\r\nConnection: keep-alive\r\n\r\n",
+            b"HTTP/1.0 417 Expectation Failed\r\nConnection: close\r\nDate: X\r\n"
+            b"Content-Length: 0\r\n\r\n",
+        ),
+        (
+            b"HEAD /x HTTP/1.1\r\nHost: h\r\nExpect: foo\r\nExpect: 100-continue\r\n\r\n",
+            b"HTTP/1.1 417 Expectation Failed\r\nConnection: close\r\nDate: X\r\n\r\n",
+        ),
+    ],
+    ids=["foo", "http10", "head"],
+)
+def test_another_expectation_gets_go_417_and_close(request_: bytes, reply: bytes) -> None:
+    # net/http's answer, before any handler or quick route; what follows is not read
+    assert _expect_exchange(request_ + _LAST) == reply
 
 
 def test_close_finishes_requests_in_progress_and_closes_idle_connections() -> None:
