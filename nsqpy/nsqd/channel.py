@@ -335,8 +335,12 @@ class Channel:
         start = self._next if order is None else 0
         now = 0.0
         delivered = 0
-        for k in range(n):
-            client = clients[(start + k) % n]
+        i = start - 1  # the index of the consumer visited: start, start + 1, ... (mod n)
+        for client in clients:
+            i += 1
+            if i == n:
+                i = 0
+            client = clients[i]
             in_flight = client.in_flight
             room = client.ready_count - len(in_flight)
             if room <= 0:
@@ -347,7 +351,7 @@ class Channel:
                 self._refill(room - self._depth)
             depth = self._depth
             if not depth:
-                self._next = (start + k) % n
+                self._next = i
                 break
             if not now:
                 now = time.monotonic()
@@ -382,7 +386,7 @@ class Channel:
                 delivered += take
                 client.send_messages(frames, take, nbytes)
         else:
-            self._next = (start + 1) % n
+            self._next = start + 1 if start + 1 < n else 0
         if now:
             self._nsqd.scan_candidate(self)
         return delivered

@@ -254,6 +254,8 @@ class NSQD:
         Called before a publish is acknowledged, so that a write the disk refuses (full,
         read-only) fails that publish, as Go's per-message write would, instead of being
         acknowledged and kept only in memory."""
+        if not self._touched:
+            return None
         first: str | None = None
         for backend in self._touched:
             try:

@@ -982,7 +982,7 @@ class ClientV2(asyncio.Protocol):
         bodies: list[bytes] | MPubBody,
         delay: float = 0.0,
     ) -> None:
-        topic_name = wire_str(topic_bytes)
+        topic_name = topic_bytes.decode("utf-8", "surrogateescape")  # wire_str, inlined
         try:
             count, starting = self.nsqd.publish(topic_name, bodies, delay)
         except BackendError as err:
