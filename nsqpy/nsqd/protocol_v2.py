@@ -11,6 +11,7 @@ reached, or when its output_buffer_timeout elapses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import ssl
@@ -176,6 +177,7 @@ class ClientV2(asyncio.Protocol):
         self._schedule_heartbeat()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._make_mpub_topic()
         self._closed = True
         self._registry.discard(self)
         for timer in (self._flush_timer, self._heartbeat_timer):
@@ -626,10 +628,27 @@ class ClientV2(asyncio.Protocol):
         self.transport.write(data)
 
     def _close_after_flush(self) -> None:
+        self._make_mpub_topic()
         self._flush()
         self._closed = True
         if self.transport is not None:
             self.transport.close()
+
+    def _make_mpub_topic(self) -> None:
+        """An MPUB whose body was refused or cut short: Go's MPUB got (created) its topic
+        before reading the body (after the name and auth checks), so it exists now too."""
+        parser = self.parser
+        if parser is None or parser.mpub_topic is None:
+            return
+        name = wire_str(parser.mpub_topic)
+        parser.mpub_topic = None
+        if self._authd is not None:
+            state = self.auth_state
+            if state is None or state.is_expired() or not state.is_allowed(name, ""):
+                return
+        if not self.nsqd.exiting:
+            with contextlib.suppress(InvalidNameError):
+                self.nsqd.get_topic(name)
 
     def close_for_exit(self) -> None:
         """Consumer interface: the channel is going away (deleted, or nsqd exiting)."""

@@ -149,6 +149,7 @@ class CommandParser:
         "max_body_size",
         "max_msg_size",
         "max_req_timeout_ms",
+        "mpub_topic",
         "state",
     )
 
@@ -170,6 +171,8 @@ class CommandParser:
         # (a piece per buffer they came in) or their bodies when split, messages read,
         # count, split).
         self._mpub: tuple[list[bytes], list[bytes], int, int, bool] | None = None
+        # The valid topic name of the MPUB being read, until the command is complete.
+        self.mpub_topic: bytes | None = None
         # The topic name take_publish last found valid (None: none yet; b"" is invalid).
         self._valid_topic: bytes | None = None
         # The wait is for one body of a split MPUB (its size at _pos): it is joined exactly,
@@ -412,6 +415,9 @@ class CommandParser:
         if len(params) < 2:
             raise _fatal("E_INVALID", "MPUB insufficient number of parameters")
         self._check_topic(b"MPUB", params[1])
+        # Go's MPUB gets (creates) its topic before it reads the body: from here on, a body
+        # refused or cut short has made the topic all the same (ClientV2 does that)
+        self.mpub_topic = params[1]
         buf = self._buf
         if len(buf) < start + 8:
             if len(buf) >= start + 4:
@@ -467,6 +473,7 @@ class CommandParser:
             p = end
             i += 1
         self._mpub = None
+        self.mpub_topic = None
         self._pos = p
         if split:
             return (params, pieces)
