@@ -417,6 +417,37 @@ class Options:
         return name in self.experiments
 
 
+def _join_host_port(host: str, port: str) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def statsd_prefix(template: str, broadcast_address: str, http_port: int) -> str:
+    """``--statsd-prefix`` with ``%s`` → ``<broadcast_address>_<http port>`` (``.``/``:`` → ``_``).
+
+    A non-empty prefix always ends in ``.``; an empty one stays empty.
+    """
+    if not template:
+        return ""
+    host_key = _join_host_port(broadcast_address, str(http_port))
+    host_key = host_key.replace(".", "_").replace(":", "_")
+    prefix = template.replace("%s", host_key)
+    return prefix if prefix.endswith(".") else prefix + "."
+
+
+def resolve_listeners(opts: Options, tcp_port: int, http_port: int) -> None:
+    """What Go's nsqd.New does once it listens: a broadcast port left at 0 becomes the real
+    one (``tcp_port``/``http_port``; 0 or less for a unix socket or no listener leaves it),
+    and ``%s`` in --statsd-prefix becomes the broadcast host and HTTP port, as
+    ``GET /config/...`` then shows them."""
+    if not opts.broadcast_http_port and http_port > 0:
+        opts.broadcast_http_port = http_port
+    if not opts.broadcast_tcp_port and tcp_port > 0:
+        opts.broadcast_tcp_port = tcp_port
+    opts.statsd_prefix = statsd_prefix(
+        opts.statsd_prefix, opts.broadcast_address, opts.broadcast_http_port
+    )
+
+
 def parse_nsqd_args(argv: Sequence[str]) -> ParseResult[Options]:
     """Parse nsqd's command line (without the program name) and ``--config`` file.
 

@@ -18,7 +18,7 @@ from nsqpy.nsqd.auth import AuthClient
 from nsqpy.nsqd.lookup import LookupPeers
 from nsqpy.nsqd.metadata import DataDirLock
 from nsqpy.nsqd.nsqd import NSQD
-from nsqpy.nsqd.options import Options
+from nsqpy.nsqd.options import Options, resolve_listeners
 from nsqpy.nsqd.protocol_v2 import ClientV2
 from nsqpy.nsqd.tls import build_client_tls_context, build_tls_context
 
@@ -110,6 +110,11 @@ class NSQDServer:
 
             self.http = NSQDHTTPServer(self)
             await self.http.start()
+        resolve_listeners(
+            self.opts,
+            0 if is_unix_address(self.opts.tcp_address) else split_host_port(self.tcp_address)[1],
+            self.http.port if self.http is not None else 0,
+        )
         if self.opts.statsd_address:  # Go pushes to statsd whether or not HTTP is on
             from nsqpy.nsqd.statsd import StatsdPusher  # loaded only when configured
 

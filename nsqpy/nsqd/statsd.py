@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Logger
+from nsqpy.nsqd.options import statsd_prefix
 from nsqpy.nsqd.stats import MemStats, Stats, TopicStats, get_stats, mem_stats
 from nsqpy.wire.names import is_ephemeral
 
@@ -25,23 +26,6 @@ if TYPE_CHECKING:
     from nsqpy.nsqd.options import Options
 
 __all__ = ["StatsdPusher", "pack_datagrams", "statsd_lines", "statsd_prefix"]
-
-
-def _join_host_port(host: str, port: str) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def statsd_prefix(template: str, broadcast_address: str, http_port: int) -> str:
-    """``--statsd-prefix`` with ``%s`` → ``<broadcast_address>_<http port>`` (``.``/``:`` → ``_``).
-
-    A non-empty prefix always ends in ``.``; an empty one stays empty.
-    """
-    if not template:
-        return ""
-    host_key = _join_host_port(broadcast_address, str(http_port))
-    host_key = host_key.replace(".", "_").replace(":", "_")
-    prefix = template.replace("%s", host_key)
-    return prefix if prefix.endswith(".") else prefix + "."
 
 
 def _pct(quantile: float) -> str:
@@ -182,7 +166,8 @@ class StatsdPusher:
     @classmethod
     def for_engine(cls, nsqd: NSQD, opts: Options, http_port: int, logger: Logger) -> StatsdPusher:
         """A pusher configured from nsqd's options; ``http_port`` fills ``%s`` when
-        ``--broadcast-http-port`` is 0 (Go uses the real HTTP port then)."""
+        ``--broadcast-http-port`` is 0 (Go uses the real HTTP port then; a started server
+        has expanded it already, options.resolve_listeners)."""
         port = opts.broadcast_http_port or http_port
         return cls(
             opts.statsd_address,
