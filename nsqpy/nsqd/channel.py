@@ -139,6 +139,7 @@ class Channel:
         "_next",
         "_nsqd",
         "_orphans",
+        "backend_deliveries",
         "clients",
         "delivery_count",
         "e2e",
@@ -178,7 +179,10 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
-        self.delivery_count = 0  # every delivery, first or not (Go master's global_msg_count)
+        self.delivery_count = 0  # every delivery, first or not
+        # Messages read off the backend to be delivered: Go master's global_msg_count counts
+        # only what its consumers take from the memory queue (stats.py subtracts these).
+        self.backend_deliveries = 0
         self.e2e: E2EStream | None = nsqd.new_e2e_stream()
         # Topology-aware consumption (topology.py): None unless the experiment is on.
         self.topology = preference_for(nsqd.opts)
@@ -526,6 +530,7 @@ class Channel:
         msgs = self._read_backend(count)
         self._memory.extend(msgs)
         self._depth += len(msgs)
+        self.backend_deliveries += len(msgs)
 
     def _read_backend(self, count: int) -> list[Message]:
         """Up to ``count`` messages off the backend's head. One that was deferred when nsqd

@@ -202,6 +202,7 @@ class _Channel(PolicyOwner, Protocol):
     paused: bool
     message_count: int
     delivery_count: int
+    backend_deliveries: int
     requeue_count: int
     timeout_count: int
     e2e: E2EStream | None
@@ -298,7 +299,11 @@ def channel_stats(channel: _Channel, clients: list[ClientStats] | None) -> Chann
         "message_count": channel.message_count,
     }
     _put_locality_counts(
-        stats, delivery_counts(getattr(channel, "topology", None), channel.delivery_count)
+        stats,
+        delivery_counts(
+            getattr(channel, "topology", None),
+            channel.delivery_count - channel.backend_deliveries,
+        ),
     )
     stats["requeue_count"] = channel.requeue_count
     stats["timeout_count"] = channel.timeout_count
