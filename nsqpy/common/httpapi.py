@@ -253,10 +253,13 @@ class Router:
         """The response to ``request`` and whether to log it."""
         path = request.path
         methods, param = self.match(path)
+        if methods is None or request.method not in methods:
+            if request.method == "OPTIONS" and request.raw_path == "*":
+                return Response(200, b""), False  # Go's net/http answers "OPTIONS *" itself
+            target = self._redirect_target(request.method, path)
+            if target is not None:
+                return _redirect(request, target), False
         if methods is None:
-            alternative = path[:-1] if path.endswith("/") else path + "/"
-            if len(path) > 1 and self.match(alternative)[0] is not None:
-                return _redirect(request, alternative), False
             return v1_error(404, "NOT_FOUND"), True
         route = methods.get(request.method)
         if route is None:
@@ -279,9 +282,78 @@ class Router:
             return result, route.log
         return v1_response(result), route.log
 
+    def _redirect_target(self, method: str, path: str) -> str | None:
+        """httprouter's RedirectTrailingSlash, then RedirectFixedPath: where a request for
+        ``path`` that no ``method`` route matches is sent instead, if anywhere. Both look
+        only at routes of ``method``: the same path with its trailing slash added or
+        removed, then the cleaned path (CleanPath), matched case-insensitively, with or
+        without a trailing slash."""
+        if method == "CONNECT" or path == "/" or not any(method in m for m in self.routes.values()):
+            return None
+        toggled = path[:-1] if path.endswith("/") else path + "/"
+        if len(path) > 1 and self._serves(method, toggled):
+            return toggled
+        cleaned = clean_path(path)
+        for candidate in (cleaned, cleaned[:-1] if cleaned.endswith("/") else cleaned + "/"):
+            if len(candidate) > 1 or candidate == cleaned:
+                fixed = self._case_insensitive(method, candidate)
+                if fixed is not None:
+                    return fixed
+        return None
+
+    def _serves(self, method: str, path: str) -> bool:
+        methods = self.match(path)[0]
+        return methods is not None and method in methods
+
+    def _case_insensitive(self, method: str, path: str) -> str | None:
+        lowered = path.lower()
+        for pattern, methods in self.routes.items():
+            if method not in methods:
+                continue
+            prefix, _, last = pattern.rpartition("/")
+            if last.startswith(":"):
+                prefix += "/"
+                param = path[len(prefix) :]
+                if lowered.startswith(prefix.lower()) and param and "/" not in param:
+                    return prefix + param
+            elif lowered == pattern.lower():
+                return pattern
+        return None
+
+
+def clean_path(path: str) -> str:
+    """httprouter's CleanPath: ``path.Clean`` of ``path`` rooted at ``/``, keeping a trailing
+    slash (``//ping`` → ``/ping``, ``/stats/../ping`` → ``/ping``)."""
+    parts: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if parts:
+                parts.pop()
+        elif segment and segment != ".":
+            parts.append(segment)
+    cleaned = "/" + "/".join(parts)
+    if path.endswith("/") and cleaned != "/":
+        cleaned += "/"
+    return cleaned
+
+
+_HTML_ESCAPES: Final = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;"}
+)
+
 
 def _redirect(request: Request, path: str) -> Response:
-    # httprouter's RedirectTrailingSlash: 301 for GET, 308 for the other methods
+    """Go's http.Redirect as httprouter calls it: 301 for GET, 307 for the other methods
+    (httprouter v1.3.0, which NSQ pins), the query kept; a GET's reply has a small HTML
+    body, and GET and HEAD replies are text/html."""
     _, sep, query = request.raw_path.partition("?")
-    status = 301 if request.method == "GET" else 308
-    return Response(status, b"", {"Location": path + sep + query})
+    url = path + sep + query
+    status = 301 if request.method == "GET" else 307
+    headers = {"Location": url}
+    if request.method in ("GET", "HEAD"):
+        headers["Content-Type"] = "text/html; charset=utf-8"
+    body = b""
+    if request.method == "GET":
+        text = "Moved Permanently" if status == 301 else "Temporary Redirect"
+        body = f'<a href="{url.translate(_HTML_ESCAPES)}">{text}</a>.\n\n'.encode()
+    return Response(status, body, headers)
