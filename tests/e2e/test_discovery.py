@@ -415,7 +415,7 @@ def test_in_process_late_channel_list_does_not_bring_back_a_deleted_channel(
             topic.delete_channel("c1")
             await _poll(lambda: not db.find_producers("channel", "t", "c1"), "c1 unregistered")
             answer.set()  # the answer lists c1 and c2, as registered a moment ago
-            await _poll(lambda: not topic._held, "the answer applied")
+            await _poll(lambda: not topic.starting, "the answer applied")
             assert sorted(topic.channels) == ["c2"]
             assert not db.find_producers("channel", "t", "c1")
         finally:
