@@ -339,10 +339,12 @@ class Channel:
         start = self._next if order is None else 0
         now = 0.0
         delivered = 0
-        i = start - 1  # the index of the consumer visited: start, start + 1, ... (mod n)
+        # the index of the consumer visited: start, start + 1, ... (mod n); start may be
+        # past the end (consumers left since it was set): then from the first
+        i = start - 1
         for client in clients:
             i += 1
-            if i == n:
+            if i >= n:
                 i = 0
             client = clients[i]
             in_flight = client.in_flight

@@ -138,8 +138,10 @@ class Topic:
             msg: Message = (self._ids.new_id(now), now, 0, body)
             if delay > 0:
                 self._defer(msg, delay)
+            elif self._flowing:  # into the channels if they flow, else the topic's backlog
+                self._put_channels([msg], 1)
             else:
-                self._queue([msg], 1)
+                self._put_backlog([msg], 1)
             self.message_count += 1
             self.message_bytes += len(body)
             return 1
@@ -151,17 +153,13 @@ class Topic:
             size = sum(map(len, bodies))
         if delay > 0:
             raise ValueError("only a single message can be deferred")
-        self._queue(entries, count)
-        self.message_count += count
-        self.message_bytes += size
-        return count
-
-    def _queue(self, entries: list[Entry], count: int) -> None:
-        """Into the channels if they flow, else the topic's backlog."""
         if self._flowing:
             self._put_channels(entries, count)
         else:
             self._put_backlog(entries, count)
+        self.message_count += count
+        self.message_bytes += size
+        return count
 
     def _put_channels(self, entries: list[Entry], count: int) -> None:
         """Copy to every channel, all or nothing: if one refuses (a disk error), the

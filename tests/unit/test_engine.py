@@ -346,6 +346,26 @@ def test_round_robin_between_two_consumers(clock: FakeClock) -> None:
     assert b.bodies == [b"1", b"3", b"5", b"7", b"9"]
 
 
+def test_the_rotation_survives_consumers_leaving(clock: FakeClock) -> None:
+    """The next consumer to serve is remembered by its place: when consumers leave, that
+    place may be past the end of the list, and the next pass starts from the first."""
+    nsqd, _ = make_nsqd()
+    topic = nsqd.get_topic("t")
+    ch = topic.get_channel("c")
+    consumers = [FakeConsumer() for _ in range(3)]
+    for consumer in consumers:
+        ch.add_client(consumer)
+        rdy(ch, consumer, 10)
+    for i in range(2):
+        pub(topic, b"%d" % i)  # the rotation moves on to the third consumer
+    ch.remove_client(consumers[2])
+    ch.remove_client(consumers[1])
+    for i in range(2, 5):
+        pub(topic, b"%d" % i)
+    assert consumers[0].bodies == [b"0", b"2", b"3", b"4"]
+    assert ch.depth == 0
+
+
 def test_a_pub_goes_to_the_next_consumer_with_room(clock: FakeClock) -> None:
     """One message queued (a PUB) goes to the next consumer with room: the rotation skips a full
     consumer and goes on after the one served; the in-flight record is a delivery's."""
