@@ -1008,19 +1008,14 @@ class ClientV2(asyncio.Protocol):
             raise ProtocolError(code, f"{cmd} failed {err}") from None
         except InvalidNameError:  # the parser checked it: the engine agrees
             raise bad_topic(cmd.encode(), topic_bytes) from None
-        if starting is not None:
-            # a new topic answers once the channels nsqlookupd knows of exist (Go's GetTopic)
-            raise _Suspend(
-                until_started(starting),
-                then=lambda _: self._published(topic_name, count, code, cmd),
-            )
-        self._published(topic_name, count, code, cmd)
-
-    def _published(self, topic_name: str, count: int, code: str, cmd: str) -> None:
         counts = self.pub_counts
         counts[topic_name] = counts.get(topic_name, 0) + count
-        self._publish_code = self._publish_code or (code, cmd)
-        self._out.append(FRAME_OK)
+        if self._publish_code is None:
+            self._publish_code = (code, cmd)
+        if starting is not None:
+            # a new topic answers once the channels nsqlookupd knows of exist (Go's GetTopic)
+            raise _Suspend(until_started(starting), then=lambda _: self._respond(FRAME_OK))
+        self._out.append(FRAME_OK)  # self._respond, inlined
         self._respond_now = True
 
 

@@ -164,20 +164,21 @@ class Topic:
     def _put_channels(self, entries: list[Entry], count: int) -> None:
         """Copy to every channel, all or nothing: if one refuses (a disk error), the
         channels before it give the batch back, so the publisher's retry duplicates nothing."""
-        done: list[Channel] = []
-        for channel in self._flowing:
-            try:
+        flowing = self._flowing
+        try:
+            for channel in flowing:
                 channel.enqueue(entries, count)
-            except BackendError:
-                for earlier in done:
-                    if not earlier.unqueue(count):
-                        self._nsqd.logf_error(
-                            f"TOPIC({self.name}): channel({earlier.name}) keeps {count} message(s)"
-                            f" that channel({channel.name}) refused"
-                        )
-                raise
-            done.append(channel)
-        for channel in done:
+        except BackendError:
+            for earlier in flowing:
+                if earlier is channel:
+                    break
+                if not earlier.unqueue(count):
+                    self._nsqd.logf_error(
+                        f"TOPIC({self.name}): channel({earlier.name}) keeps {count} message(s)"
+                        f" that channel({channel.name}) refused"
+                    )
+            raise
+        for channel in flowing:
             if channel.clients:
                 self._nsqd.request_dispatch(channel)
 
