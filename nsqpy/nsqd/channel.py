@@ -311,6 +311,8 @@ class Channel:
         what is queued per pass, and passes repeat while messages and room remain."""
         if self.paused or not self.clients:
             return
+        if not self._depth and not self._backend.depth():
+            return  # nothing queued (a FIN or RDY after the queue ran dry: the usual case)
         clients = self.clients
         if self.topology is not None:  # zone-local consumers first, then region-local
             self.topology.dispatch(clients, self._dispatch_pass)
