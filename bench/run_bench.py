@@ -94,6 +94,21 @@ def cpu_seconds(pid: int) -> float:
     return ticks / CLK_TCK
 
 
+# Servers run from here, not from the caller's directory: `python -m nsqpy.nsqd` puts its
+# working directory first on sys.path, so run from a checkout it would load that checkout's
+# nsqpy whatever PYTHONPATH says, and a wrapper meant to run another tree (the tree before
+# a change) would measure this one.
+NEUTRAL_CWD = tempfile.gettempdir()
+
+
+def server_argv(argv: list[str]) -> list[str]:
+    """``argv`` with a relative program path made absolute, for a start from NEUTRAL_CWD."""
+    program = argv[0]
+    if os.sep in program and not os.path.isabs(program):
+        program = os.path.abspath(program)
+    return [program, *argv[1:]]
+
+
 @dataclass
 class Nsqd:
     """A fresh nsqd child process whose log is drained by a thread."""
@@ -109,7 +124,8 @@ class Nsqd:
     def start(self) -> None:
         try:
             self.proc = subprocess.Popen(
-                self.argv,
+                server_argv(self.argv),
+                cwd=NEUTRAL_CWD,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

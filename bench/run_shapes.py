@@ -46,6 +46,7 @@ from typing import Any
 from _benchlib import connect
 from bench_writer import mpub_command
 from run_bench import (
+    NEUTRAL_CWD,
     STARTUP_TIMEOUT_S,
     BenchError,
     Nsqd,
@@ -56,6 +57,7 @@ from run_bench import (
     nsqd_version,
     parse_go_duration_s,
     run_tool,
+    server_argv,
 )
 
 TOPIC = "shapes"
@@ -289,7 +291,11 @@ def startup_once(cmd: list[str]) -> tuple[float, float]:
     ]
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        server_argv(argv),
+        cwd=NEUTRAL_CWD,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         tcp_ok = http_ok = False
