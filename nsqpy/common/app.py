@@ -10,6 +10,7 @@ anything, and waits on the event it returns.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
@@ -23,6 +24,7 @@ from nsqpy.common.goflags import (
     version_string,
 )
 from nsqpy.common.log import Level, Logger, LogLevel
+from nsqpy.common.net import is_unix_address
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -34,10 +36,34 @@ if TYPE_CHECKING:
         log_level: LogLevel
 
 
-__all__ = ["parse_or_exit", "run_server"]
+__all__ = ["ListenError", "parse_or_exit", "run_server"]
 
 D = TypeVar("D", bound="DataclassInstance")
 S = TypeVar("S", bound="_ServerOptions")
+
+
+class ListenError(OSError):
+    """A listener could not be opened on the address the user gave.
+
+    Worded as Go's ``listen (<address>) failed - listen tcp <address>: bind: <cause>``, so
+    that the message names the address asked for, not the one a socket library reports.
+    """
+
+    def __init__(self, address: str, err: OSError) -> None:
+        super().__init__(err.errno, _cause(err))
+        self.address = address
+
+    def __str__(self) -> str:
+        network = "unix" if is_unix_address(self.address) else "tcp"
+        return f"listen ({self.address}) failed - listen {network} {self.address}: {self.strerror}"
+
+
+def _cause(err: OSError) -> str:
+    """The errno's text as Go's syscall.Errno words it; a bind failure says so first."""
+    if err.errno is None or err.errno <= 0:  # no errno, or a resolver's (gaierror)
+        return err.strerror or str(err)
+    text = os.strerror(err.errno)
+    return f"bind: {text[:1].lower()}{text[1:]}"
 
 
 def parse_or_exit(

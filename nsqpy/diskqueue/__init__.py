@@ -3,6 +3,14 @@
 See :mod:`nsqpy.diskqueue.diskqueue` for the design and the on-disk format (spec §7.7).
 """
 
-from nsqpy.diskqueue.diskqueue import DiskQueue, DiskQueueError, LogFunc, LogLevel, SyncJob
+from nsqpy.diskqueue.diskqueue import (
+    DiskQueue,
+    DiskQueueError,
+    LogFunc,
+    LogLevel,
+    SyncJob,
+    go_errno,
+    go_error,
+)
 
-__all__ = ["DiskQueue", "DiskQueueError", "LogFunc", "LogLevel", "SyncJob"]
+__all__ = ["DiskQueue", "DiskQueueError", "LogFunc", "LogLevel", "SyncJob", "go_errno", "go_error"]

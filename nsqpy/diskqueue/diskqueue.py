@@ -100,10 +100,15 @@ _Snapshot: TypeAlias = tuple[int, int, int, int, int]
 """``(depth, readFileNum, readPos, writeFileNum, writePos)``: the metadata file's content."""
 
 
-def _go_error(op: str, path: str, exc: OSError) -> str:
-    """Word an OSError like Go's ``*PathError`` (``"open /x: no such file or directory"``)."""
+def go_errno(exc: OSError) -> str:
+    """An OSError's cause worded like Go's ``syscall.Errno`` (``"no space left on device"``)."""
     text = exc.strerror or str(exc)
-    return f"{op} {path}: {text[:1].lower()}{text[1:]}"
+    return f"{text[:1].lower()}{text[1:]}"
+
+
+def go_error(op: str, path: str, exc: OSError) -> str:
+    """Word an OSError like Go's ``*PathError`` (``"open /x: no such file or directory"``)."""
+    return f"{op} {path}: {go_errno(exc)}"
 
 
 def _parse_meta(raw: bytes) -> _Snapshot | None:
@@ -171,7 +176,7 @@ class SyncJob:
                     os.fsync(fd)
                 except OSError as e:
                     if err is None:
-                        err = _go_error("sync", path, e)
+                        err = go_error("sync", path, e)
         finally:
             for fd, _ in fds:
                 _close_quietly(fd)
@@ -552,7 +557,7 @@ class DiskQueue:
             except FileNotFoundError:
                 pass
             except OSError as e:
-                err = _go_error("remove", meta, e)
+                err = go_error("remove", meta, e)
                 self._logf(ERROR, f"DISKQUEUE({self.name}) failed to remove metadata file - {err}")
         self._count = 0
         if err is not None:
@@ -612,22 +617,25 @@ class DiskQueue:
             with open(meta, "rb") as f:
                 raw = f.read(4096)
         except FileNotFoundError:
-            return  # New(): os.IsNotExist is not an error
+            self._recover_from_files()  # New(): os.IsNotExist is not an error
+            return
         except OSError as e:
             self._logf(
                 ERROR,
-                f"DISKQUEUE({self.name}) failed to retrieveMetaData - {_go_error('open', meta, e)}",
+                f"DISKQUEUE({self.name}) failed to retrieveMetaData - {go_error('open', meta, e)}",
             )
+            self._recover_from_files()
             return
         parsed = _parse_meta(raw)
         if parsed is None:
             # Divergence: Go keeps whatever fields Fscanf managed to fill before the error; a
-            # half-read state is worse than a clean one, so start fresh.
+            # half-read state is worse than a clean one, so start from the files.
             self._logf(
                 ERROR,
                 f"DISKQUEUE({self.name}) failed to retrieveMetaData - "
                 f"cannot parse {meta}: {raw[:64]!r}",
             )
+            self._recover_from_files()
             return
         (
             self._depth,
@@ -649,7 +657,7 @@ class DiskQueue:
             except OSError as e:
                 self._logf(
                     ERROR,
-                    f"DISKQUEUE({self.name}) failed to retrieveMetaData - {_go_error('stat', fn, e)}",
+                    f"DISKQUEUE({self.name}) failed to retrieveMetaData - {go_error('stat', fn, e)}",
                 )
                 return
             if size is not None and self._write_pos < size:
@@ -677,6 +685,33 @@ class DiskQueue:
                 self._write_pos = 0
                 continue
             return
+
+    def _recover_from_files(self) -> None:
+        """No usable metadata, but data files: read them all, write after the last.
+
+        Divergence: go-diskqueue starts empty, so the files' records are never read and the
+        first write overwrites file 0. That happens to a queue whose metadata was lost or
+        damaged, and to one killed before its first metadata sync (with the default
+        --sync-every, the first 2 s of a new topic). Here the reader starts at the oldest
+        data file and the writer in a new file after the newest; the depth is unknown and
+        counted as the records are read (depth() stays at least 1 while any remain).
+        """
+        pattern = re.compile(re.escape(self.name) + r"\.diskqueue\.(\d{6,})\.dat")
+        try:
+            names = os.listdir(self.data_path)
+        except OSError:
+            return
+        nums = sorted(int(m.group(1)) for n in names if (m := pattern.fullmatch(n)))
+        if not nums:
+            return
+        self._read_file_num, self._read_pos = nums[0], 0
+        self._write_file_num, self._write_pos = nums[-1] + 1, 0
+        self._depth = 0
+        self._logf(
+            WARN,
+            f"DISKQUEUE({self.name}) no metadata for data files {nums[0]}..{nums[-1]}: "
+            f"reading them from the start, writing to file {nums[-1] + 1}",
+        )
 
     def _persist_metadata(self, snap: _Snapshot, gen: int, seq: int) -> None:
         """persistMetaData: ``<meta>.<rand>.tmp``, write, fsync, close, rename. Thread-safe."""
@@ -706,7 +741,7 @@ class DiskQueue:
                     except OSError:
                         pass
                 self._need_sync = True
-                raise DiskQueueError(_go_error(op, path, e)) from e
+                raise DiskQueueError(go_error(op, path, e)) from e
             self._persisted_seq = seq
 
     def _begin_sync(self) -> SyncJob:
@@ -725,7 +760,7 @@ class DiskQueue:
             except OSError as e:
                 self._retired = fds
                 self._need_sync = True
-                raise DiskQueueError(_go_error("dup", path, e)) from e
+                raise DiskQueueError(go_error("dup", path, e)) from e
         self._sync_seq += 1
         snap = (
             self._depth,
@@ -768,7 +803,7 @@ class DiskQueue:
                             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                         done += n
         except OSError as e:
-            msg = _go_error("open" if self._wfd is None else "write", path, e)
+            msg = go_error("open" if self._wfd is None else "write", path, e)
             if self._wfd is not None:
                 _close_quietly(self._wfd)
                 self._wfd = None
@@ -798,7 +833,7 @@ class DiskQueue:
                 except OSError as e:
                     self._logf(
                         ERROR,
-                        f"DISKQUEUE({self.name}) failed to sync - {_go_error('sync', path, e)}",
+                        f"DISKQUEUE({self.name}) failed to sync - {go_error('sync', path, e)}",
                     )
                 _close_quietly(fd)
         self._write_file_num += 1
@@ -855,7 +890,7 @@ class DiskQueue:
                     self._logf(
                         ERROR,
                         f"DISKQUEUE({self.name}) failed to remove data file - "
-                        f"{_go_error('remove', fn, e)}",
+                        f"{go_error('remove', fn, e)}",
                     )
             try:
                 if self._wfd is not None:
@@ -885,7 +920,7 @@ class DiskQueue:
         try:
             fd = os.open(fn, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            self._raise_read_error(_go_error("open", fn, e), e)
+            self._raise_read_error(go_error("open", fn, e), e)
         self._rfd = fd
         self._logf(INFO, f"DISKQUEUE({self.name}): readOne() opened {fn}")
         return fd
@@ -911,7 +946,7 @@ class DiskQueue:
                     got += len(more)
                 chunk = b"".join(parts)
         except OSError as e:
-            self._raise_read_error(_go_error("read", self._file_name(self._read_file_num), e), e)
+            self._raise_read_error(go_error("read", self._file_name(self._read_file_num), e), e)
         return chunk
 
     def _fill(self, k: int) -> bool:
@@ -1015,7 +1050,7 @@ class DiskQueue:
         except OSError as e:
             self._logf(
                 ERROR,
-                f"DISKQUEUE({self.name}) failed to Remove({fn}) - {_go_error('remove', fn, e)}",
+                f"DISKQUEUE({self.name}) failed to Remove({fn}) - {go_error('remove', fn, e)}",
             )
         self._check_tail_corruption(self._depth)
 
@@ -1034,7 +1069,7 @@ class DiskQueue:
             except OSError as e:
                 self._logf(
                     ERROR,
-                    f"DISKQUEUE({self.name}) failed to Remove({fn}) - {_go_error('remove', fn, e)}",
+                    f"DISKQUEUE({self.name}) failed to Remove({fn}) - {go_error('remove', fn, e)}",
                 )
         self._check_tail_corruption(self._depth)
 
@@ -1134,7 +1169,7 @@ class DiskQueue:
             except FileNotFoundError:
                 pass
             except OSError as e:
-                err = _go_error("remove", fn, e)
+                err = go_error("remove", fn, e)
                 self._logf(ERROR, f"DISKQUEUE({self.name}) failed to remove data file - {err}")
         self._write_file_num += 1
         self._write_pos = 0

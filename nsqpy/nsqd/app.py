@@ -48,8 +48,8 @@ async def serve(
         return 1
     try:
         await server.start()
-    except (OSError, ValueError) as err:
-        logger.fatal(f"listen ({opts.tcp_address}) failed - {err}")
+    except (OSError, ValueError) as err:  # ListenError names the address it could not bind
+        logger.fatal(f"failed to instantiate nsqd - {err}")
         return 1
     if ready is not None:
         ready(server)

@@ -287,6 +287,14 @@ class Channel:
             self._memory.extend(head)
             self._depth += max(room, 0)
 
+    def keep(self, entries: list[Entry], count: int, why: str) -> None:
+        """Messages the backend refused (a full or read-only disk) that nsqd acknowledged
+        long ago (a REQ, a timeout, a due deferral): kept in memory beyond --mem-queue-size
+        rather than dropped as Go does (docs/RELIABILITY.md)."""
+        self._nsqd.logf_error(f"CHANNEL({self.topic_name}:{self.name}): {why} (kept in memory)")
+        self._memory.extend(entries)
+        self._depth += count
+
     def take(self, count: int) -> list[Message]:
         """Up to ``count`` messages off the head of the memory queue."""
         msgs = take(self._memory, count)
@@ -684,9 +692,7 @@ class Channel:
         try:
             self._enqueue([msg], 1)
         except BackendError as err:
-            self._nsqd.logf_error(
-                f"CHANNEL({self.topic_name}:{self.name}): failed to requeue message - {err}"
-            )
+            self.keep([msg], 1, f"failed to requeue message - {err}")
         if self.policy is not None:
             trim(self, self.policy)
 
@@ -741,9 +747,7 @@ class Channel:
         try:
             self._enqueue(due, len(due))
         except BackendError as err:
-            self._nsqd.logf_error(
-                f"CHANNEL({self.topic_name}:{self.name}): failed to queue deferred - {err}"
-            )
+            self.keep(due, len(due), f"failed to queue deferred - {err}")
         if self.policy is not None:
             trim(self, self.policy)
         self.dispatch()

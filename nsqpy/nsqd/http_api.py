@@ -29,6 +29,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqpy import NSQ_VERSION
+from nsqpy.common.app import ListenError
 from nsqpy.common.goflags import option_by_cfg_name, seconds_to_ns
 from nsqpy.common.httpapi import (
     JSON_CONTENT_TYPE,
@@ -133,13 +134,16 @@ class NSQDHTTPServer:
     async def _listen(self, address: str, tls: ssl.SSLContext | None) -> tuple[str, int]:
         """Open one listener; its address as logged, and its port (-1 for a unix socket)."""
         assert self._http is not None
-        if is_unix_address(address):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(address)
-            sock_name = await self._http.listen_unix(address, tls)
-        else:
-            host, port = split_host_port(address)
-            sock_name = await self._http.listen_tcp(host or None, port, tls)
+        try:
+            if is_unix_address(address):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address)
+                sock_name = await self._http.listen_unix(address, tls)
+            else:
+                host, port = split_host_port(address)
+                sock_name = await self._http.listen_tcp(host or None, port, tls)
+        except OSError as err:
+            raise ListenError(address, err) from None
         return format_address(sock_name), int(sock_name[1]) if isinstance(sock_name, tuple) else -1
 
     async def stop(self) -> None:
@@ -246,11 +250,12 @@ class NSQDHTTPServer:
         try:
             return self.nsqd.publish(topic_name, bodies, delay)[1]
         except BackendError as err:
+            # Go answers every refused put 503 EXITING (http.go doPUB), a full disk too; the
+            # cause is in the log and in /ping (docs/RELIABILITY.md)
             topic = self.nsqd.get_existing_topic(topic_name)
-            if self.nsqd.exiting or topic is None or topic.exiting:
-                raise HTTPError(503, "EXITING") from None
-            self.logger.error(f"TOPIC({topic_name}): failed to put message(s) - {err}")
-            raise HTTPError(500, "INTERNAL_ERROR") from None
+            if not (self.nsqd.exiting or topic is None or topic.exiting):
+                self.logger.error(f"TOPIC({topic_name}): failed to put message(s) - {err}")
+            raise HTTPError(503, "EXITING") from None
 
     # -- NSQ's routes ---------------------------------------------------------------------
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -20,13 +21,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqpy import NSQ_VERSION
+from nsqpy.diskqueue import go_errno, go_error
 
 METADATA_FILE = "nsqd.dat"
 DEFERRED_FILE = "nsqd.deferred.dat"
 
 
-class MetadataError(Exception):
-    """nsqd.dat or the data directory cannot be used; nsqd refuses to start."""
+class MetadataError(OSError):
+    """nsqd.dat, the deferred side file or the data directory cannot be used.
+
+    Its text is worded like the Go nsqd's (``open /data/nsqd.dat.123.tmp: read-only file
+    system``): at start-up nsqd refuses to start with it as its one ``FATAL:`` line; later
+    a failed write is logged and retried. An OSError, so that callers which handle any
+    I/O failure handle it too.
+    """
 
 
 @dataclass
@@ -86,31 +94,44 @@ def read_metadata(data_path: str) -> list[TopicMeta] | None:
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise MetadataError(f"failed to read metadata from {path} - {err.strerror}") from None
+        raise MetadataError(
+            f"failed to read metadata from {path} - {_read_error(path, err)}"
+        ) from None
     return decode_metadata(data, path)
 
 
+def _read_error(path: str, err: OSError) -> str:
+    """Go's os.ReadFile error: opening a directory works there, reading it fails."""
+    return go_error("read" if err.errno == errno.EISDIR else "open", path, err)
+
+
 def write_file_atomically(path: str, data: bytes) -> None:
-    """Go's writeSyncFile + rename: ``<path>.<rand>.tmp`` (0600), fsync, rename over ``path``."""
+    """Go's writeSyncFile + rename: ``<path>.<rand>.tmp`` (0600), fsync, rename over ``path``.
+
+    Raises MetadataError worded as Go's (``open``/``write``/``sync``/``rename`` and the
+    cause); the temporary file is removed on failure.
+    """
     tmp = f"{path}.{random.getrandbits(63)}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise MetadataError(go_error("open", tmp, err)) from None
+    op, what = "write", tmp
     try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            op = "sync"
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        op, what = "rename", f"{tmp} {path}"
         os.rename(tmp, path)
-    except BaseException:
+    except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
+        raise MetadataError(go_error(op, what, err)) from None
 
 
 def write_metadata(data_path: str, topics: list[TopicMeta]) -> None:
@@ -127,8 +148,7 @@ def write_deferred(data_path: str, due: dict[str, dict[str, int]]) -> None:
     """
     path = os.path.join(data_path, DEFERRED_FILE)
     if not due:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        remove_deferred(data_path)
         return
     write_file_atomically(
         path, json.dumps({"version": 1, "due": due}, separators=(",", ":")).encode()
@@ -136,22 +156,35 @@ def write_deferred(data_path: str, due: dict[str, dict[str, int]]) -> None:
 
 
 def read_deferred(data_path: str) -> dict[str, dict[str, int]]:
-    """The side file's contents; a missing or unreadable file means no deferrals (logged by caller)."""
+    """The side file's contents; a missing or malformed file means no deferrals (the
+    messages are then delivered when read back, as the Go nsqd would). A file that cannot
+    be read raises MetadataError, as nsqd.dat does."""
     path = os.path.join(data_path, DEFERRED_FILE)
     try:
         with open(path, "rb") as f:
-            raw = json.loads(f.read())
-        due = raw["due"]
-        return {str(q): {str(i): int(t) for i, t in ids.items()} for q, ids in due.items()}
+            data = f.read()
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except OSError as err:
+        raise MetadataError(f"failed to read {path} - {_read_error(path, err)}") from None
+    try:
+        due = json.loads(data)["due"]
+        return {str(q): {str(i): int(t) for i, t in ids.items()} for q, ids in due.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
 def remove_deferred(data_path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(data_path, DEFERRED_FILE))
+    """Remove the side file (read at start-up, rewritten at exit); raises MetadataError."""
+    path = os.path.join(data_path, DEFERRED_FILE)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        if not os.path.lexists(path):  # a read-only filesystem refuses even a missing file
+            return
+        raise MetadataError(go_error("remove", path, err)) from None
 
 
 # -- the data directory lock -------------------------------------------------------------
@@ -165,16 +198,18 @@ class DataDirLock:
         self._fd: int | None = None
 
     def lock(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:  # Go's os.Open: a file in the directory's place is found out by the next read
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as err:
-            raise MetadataError(f"failed to lock data-path: {_go_errno(err)}") from None
+            raise MetadataError(
+                f"failed to lock data-path: {go_error('open', self.path, err)}"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             os.close(fd)
             raise MetadataError(
-                f"failed to lock data-path: cannot flock directory {self.path} - {_go_errno(err)}"
+                f"failed to lock data-path: cannot flock directory {self.path} - {go_errno(err)}"
                 " (possibly in use by another instance of nsqd)"
             ) from None
         self._fd = fd
@@ -185,9 +220,3 @@ class DataDirLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-
-
-def _go_errno(err: OSError) -> str:
-    """An OSError worded like Go's syscall.Errno.Error() (lowercase strerror)."""
-    text = err.strerror or str(err)
-    return text[:1].lower() + text[1:]

@@ -34,6 +34,8 @@ from nsqpy.wire.v2 import MESSAGE_HEADER_SIZE, MPubBody
 if TYPE_CHECKING:
     from nsqpy.nsqd.options import Options
 
+# How long an exit waits for a disk that refuses nsqd.dat/nsqd.deferred.dat (seconds).
+EXIT_DISK_RETRY = 3.0
 # How many backlog messages one pump step moves before yielding to the event loop.
 PUMP_BUDGET = 10_000
 # Scan rounds in one tick before yielding, however dirty (Go loops without bound).
@@ -88,6 +90,8 @@ class NSQD:
         self._loading = False
         self._metadata_dirty = False
         self._metadata_writing = False
+        self._metadata_error: str | None = None  # the last failed write's, until one works
+        self._deferred_read = False
         # Message policies (policy.py): by topic and channel name, with their side file.
         self.policies = PolicyBook(self)
         if use_disk:
@@ -183,7 +187,7 @@ class NSQD:
                 owner = parent.channels.get(channel_name)
             if owner is not None and ids:
                 owner.redefer = {k.encode(): v for k, v in ids.items()}
-        metadata.remove_deferred(self.data_path)
+        self._deferred_read = True  # removed once nsqd.dat is written (persist_metadata_now)
 
     def metadata_snapshot(self) -> list[metadata.TopicMeta]:
         return [
@@ -201,11 +205,16 @@ class NSQD:
         ]
 
     def persist_metadata_now(self) -> None:
-        """Write nsqd.dat on this thread (start-up and exit); raises OSError."""
+        """Write nsqd.dat on this thread (start-up and exit), then, at start-up, remove the
+        deferred side file that load_metadata read (in this order, so that a data path
+        nsqd cannot write fails as the Go nsqd's does); raises OSError."""
         self.logger.info(
             f"NSQ: persisting topic/channel metadata to {os.path.join(self.data_path, metadata.METADATA_FILE)}"
         )
         metadata.write_metadata(self.data_path, self.metadata_snapshot())
+        if self._deferred_read:  # start-up: its due times are now kept in memory
+            metadata.remove_deferred(self.data_path)
+            self._deferred_read = False
 
     def persist_metadata(self) -> None:
         """Write nsqd.dat soon, off the loop; calls close together coalesce into one write."""
@@ -226,7 +235,9 @@ class NSQD:
             try:
                 write()
             except OSError as err:
-                self.logf_error(f"failed to persist metadata - {err}")
+                self._metadata_written(err)
+            else:
+                self._metadata_written(None)
             return
         self._metadata_writing = True
         self.run_in_thread(write, self._metadata_written)
@@ -234,9 +245,40 @@ class NSQD:
     def _metadata_written(self, err: BaseException | None) -> None:
         self._metadata_writing = False
         if err is not None:
-            self.logf_error(f"failed to persist metadata - {err}")
+            # retried at the next sync tick (a full disk may have room again by then);
+            # logged once per distinct error, not at every try
+            self._metadata_dirty = True
+            if str(err) != self._metadata_error:
+                self.logf_error(f"failed to persist metadata - {err} (will retry)")
+            self._metadata_error = str(err)
+            return
+        if self._metadata_error is not None:
+            self.logf_info("NSQ: persisted topic/channel metadata after an earlier failure")
+            self._metadata_error = None
         if self._metadata_dirty:
             self._write_metadata()
+
+    def _persist_at_exit(self, due: dict[str, dict[str, int]]) -> None:
+        """nsqd.deferred.dat and nsqd.dat at exit, retried for up to EXIT_DISK_RETRY seconds
+        while the disk refuses them (full, read-only): room made meanwhile lets the exit
+        keep deferred due times and, as the queues are written next, in-flight and deferred
+        messages. Past that, the error is logged and the exit goes on, as Go's does."""
+        deadline = time.monotonic() + EXIT_DISK_RETRY
+        while True:
+            try:
+                metadata.write_deferred(self.data_path, due)
+                self.persist_metadata_now()
+            except OSError as err:
+                if time.monotonic() >= deadline:
+                    self.logf_error(f"failed to persist metadata - {err}")
+                    return
+                if str(err) != self._metadata_error:
+                    self.logf_error(f"failed to persist metadata - {err} (retrying)")
+                    self._metadata_error = str(err)
+                time.sleep(0.1)
+                continue
+            self._metadata_error = None
+            return
 
     def _persist_on_change(self, event: str, topic: Topic | None, channel: Channel | None) -> None:
         if (channel is not None and channel.ephemeral) or (topic is not None and topic.ephemeral):
@@ -265,7 +307,10 @@ class NSQD:
         return first
 
     def sync_tick(self) -> None:
-        """Every --sync-timeout: sync each disk queue that had any activity (go-diskqueue)."""
+        """Every --sync-timeout: sync each disk queue that had any activity (go-diskqueue),
+        and retry a failed nsqd.dat write."""
+        if self._metadata_error is not None and not self._metadata_writing:
+            self._write_metadata()
         for backend in list(self.disk_backends):
             if backend.dq.dirty():
                 self.request_sync(backend)
@@ -500,11 +545,7 @@ class NSQD:
                 for channel in topic.channels.values():
                     if not channel.ephemeral and (d := channel.deferred_due()):
                         due[f"{topic.name}:{channel.name}"] = {k.decode(): v for k, v in d.items()}
-            try:
-                metadata.write_deferred(self.data_path, due)
-                self.persist_metadata_now()
-            except OSError as err:
-                self.logf_error(f"failed to persist metadata - {err}")
+            self._persist_at_exit(due)
         for topic in list(self.topics.values()):
             topic.close(deleted=False)
         self._scan_set.clear()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from nsqpy.common.app import ListenError
 from nsqpy.common.idlepoll import IdlePoll
 from nsqpy.common.log import Logger
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
@@ -80,26 +81,10 @@ class NSQDServer:
                 request_timeout=opts.http_client_request_timeout,
                 tls_context=build_client_tls_context(opts),
             )
-        address = self.opts.tcp_address
-        if is_unix_address(address):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(address)
-            self._tcp_server = await loop.create_unix_server(
-                self._new_client, address, start_serving=False
-            )
-        else:
-            host, port = split_host_port(address)
-            self._tcp_server = await loop.create_server(
-                self._new_client,
-                host or None,
-                port,
-                reuse_address=True,
-                backlog=1024,
-                start_serving=False,
-            )
-            for sock in self._tcp_server.sockets:
-                if sock.family in (socket.AF_INET, socket.AF_INET6):
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._tcp_server = await self._listen_tcp(loop, self.opts.tcp_address)
+        except OSError as err:
+            raise ListenError(self.opts.tcp_address, err) from None
         self.tcp_address = format_address(self._tcp_server.sockets[0].getsockname())
         self._scan_timer = loop.call_later(self.opts.queue_scan_interval, self._queue_scan)
         self._sync_timer = loop.call_later(self.opts.sync_timeout, self._sync_tick)
@@ -127,6 +112,26 @@ class NSQDServer:
         # started (and gets the channels nsqlookupd knows of).
         await self._tcp_server.start_serving()
         self.logger.info(f"TCP: listening on {self.tcp_address}")
+
+    async def _listen_tcp(self, loop: asyncio.AbstractEventLoop, address: str) -> asyncio.Server:
+        """The TCP protocol's listener on ``address`` (``host:port`` or a unix socket path)."""
+        if is_unix_address(address):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(address)
+            return await loop.create_unix_server(self._new_client, address, start_serving=False)
+        host, port = split_host_port(address)
+        server = await loop.create_server(
+            self._new_client,
+            host or None,
+            port,
+            reuse_address=True,
+            backlog=1024,
+            start_serving=False,
+        )
+        for sock in server.sockets:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return server
 
     def _new_client(self) -> ClientV2:
         return ClientV2(self.nsqd, self.clients, tls_context=self.tls_context, authd=self.authd)

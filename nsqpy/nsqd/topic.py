@@ -246,8 +246,8 @@ class Topic:
                 try:
                     channel.put_many(plain, count)
                 except BackendError as err:
-                    self._nsqd.logf_error(
-                        f"TOPIC({self.name}): failed to put msg(s) to channel({channel.name}) - {err}"
+                    channel.keep(
+                        plain, count, f"failed to put msg(s) from TOPIC({self.name}) - {err}"
                     )
         if self._memory or self._backend.depth():
             return True

@@ -266,11 +266,28 @@ def setup_client_logging(level: int = logging.INFO) -> None:
     logger.propagate = False
 
 
+def _quiet_exit(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: a task that ended in :func:`fatal`'s SystemExit has
+    already said why (its one error line); the exit must not add a "Task exception was
+    never retrieved" traceback after it."""
+    if isinstance(context.get("exception"), SystemExit):
+        return
+    loop.default_exception_handler(context)
+
+
+async def _with_quiet_exit(main: Callable[[], Coroutine[Any, Any, int | None]]) -> int | None:
+    asyncio.get_running_loop().set_exception_handler(_quiet_exit)
+    return await main()
+
+
 def run(main: Callable[[], Coroutine[Any, Any, int | None]]) -> NoReturn:
-    """Run the tool's coroutine on uvloop (where installed) and exit with its status."""
+    """Run the tool's coroutine on uvloop (where installed) and exit with its status.
+
+    A :func:`fatal` in any of its tasks ends the run with that task's SystemExit (asyncio
+    lets it through the loop) and nothing printed after the error line."""
     try:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            code = runner.run(main())
+            code = runner.run(_with_quiet_exit(main))
     except KeyboardInterrupt:
         code = 1
     try:

@@ -505,7 +505,9 @@ class TopicDiscoverer:
     def allowed(self, topic: str) -> bool:
         return self.pattern is None or self.pattern.search(topic) is not None
 
-    async def update_topics(self, topics: Sequence[str]) -> None:
+    async def update_topics(self, topics: Sequence[str]) -> list[str]:
+        """Start a FileLogger for each new allowed topic; the errors of those that failed."""
+        errors: list[str] = []
         for topic in topics:
             if topic in self.loggers:
                 continue
@@ -518,16 +520,25 @@ class TopicDiscoverer:
                 fl = FileLogger(self.opts, topic, self.log, self.options)
                 await fl.start()
             except (ValueError, TypeError, NSQClientError) as err:
-                self.log.error(f"couldn't create logger for new topic {topic}: {err}")
+                errors.append(f"couldn't create logger for new topic {topic}: {err}")
+                if not self.opts.topics:  # discovered: the next refresh tries again
+                    self.log.error(errors[-1])
                 continue
             self.loggers[topic] = fl
+        return errors
 
     async def run(self) -> None:
         opts = self.opts
         stop = asyncio.Event()
         on_signals(stop.set)
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.hup)
-        await self.update_topics(opts.topics)
+        if errors := await self.update_topics(opts.topics):
+            # Divergence: Go logs this and runs on, archiving nothing, for a --topic that
+            # is never tried again; a bad topic or an nsqd that is down ends the run here.
+            await asyncio.gather(*(fl.stop() for fl in self.loggers.values()))
+            for line in errors:
+                self.log.fatal(line)
+            raise SystemExit(1)
         import aiohttp
 
         async with aiohttp.ClientSession(timeout=opts.client_timeout()) as session:

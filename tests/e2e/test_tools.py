@@ -471,3 +471,45 @@ def test_nsq_stat_rows_from_nsqd_and_lookupd(cluster: Cluster) -> None:
     assert missing.returncode == 1
     assert missing.stdout == b""
     assert b"failed to find channel(nope) in stats metadata for topic(stat_t)" in missing.stderr
+
+
+# -- errors --------------------------------------------------------------------------------
+
+DOWN = "127.0.0.1:1"  # nothing listens there
+
+
+def tool_args(name: str, topic: str, out: Path) -> list[str]:
+    """Each tool's arguments for ``topic`` with every nsqd it talks to down."""
+    return {
+        "nsq_tail": [f"--topic={topic}", f"--nsqd-tcp-address={DOWN}"],
+        "to_nsq": [f"--topic={topic}", f"--nsqd-tcp-address={DOWN}"],
+        "nsq_to_file": [f"--topic={topic}", f"--nsqd-tcp-address={DOWN}", f"--output-dir={out}"],
+        "nsq_to_http": [f"--topic={topic}", f"--nsqd-tcp-address={DOWN}", f"--post=http://{DOWN}/"],
+        "nsq_to_nsq": [
+            f"--topic={topic}",
+            f"--nsqd-tcp-address={DOWN}",
+            f"--destination-nsqd-tcp-address={DOWN}",
+            "--destination-topic=copy",
+        ],
+        "nsq_stat": [f"--topic={topic}", "--channel=c", f"--nsqd-http-address={DOWN}"],
+    }[name]
+
+
+@pytest.mark.parametrize("topic", ["bad!topic", "fine"])
+def test_every_tool_ends_with_its_one_error_line(topic: str, tmp_path: Path) -> None:
+    """A bad topic or an nsqd that is down: exit 1, the error as the last line, and no
+    traceback after it (asyncio's "Task exception was never retrieved" included)."""
+    problems: list[str] = []
+    for name in TOOLS:
+        result = run_tool(name, *tool_args(name, topic, tmp_path), stdin=b"one\ntwo\n", timeout=20)
+        err = result.stderr.decode()
+        lines = err.strip().splitlines()
+        last = lines[-1] if lines else ""
+        expected = "topic" if topic.startswith("bad") else ("refused" if name != "nsq_stat" else "")
+        if result.returncode != 1:
+            problems.append(f"{name}: exit code {result.returncode}")
+        if "Traceback" in err or "Task exception" in err:
+            problems.append(f"{name}: a traceback after the error:\n{err}")
+        if expected not in last.lower() and not (name == "nsq_stat" and "failed" in last):
+            problems.append(f"{name}: the last line is not the error: {last!r}")
+    assert not problems, "\n".join(problems)
