@@ -1,6 +1,8 @@
 """The fastest path: a plain-function batch handler, called once per network read.
 
-uv run python examples/client_batch.py 127.0.0.1:4150 events bulk
+    .venv/bin/python examples/client_batch.py 127.0.0.1:4150 events bulk
+
+Prints the count every second until Ctrl-C.
 """
 
 from __future__ import annotations

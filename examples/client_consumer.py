@@ -1,6 +1,6 @@
 """Consume with the asyncio Consumer: a coroutine handler, discovery through nsqlookupd.
 
-    uv run python examples/client_consumer.py 127.0.0.1:4161 events archive
+    .venv/bin/python examples/client_consumer.py 127.0.0.1:4161 events archive
 
 Returning finishes a message, raising requeues it (and backs off); a message delivered
 more than max_attempts times goes to on_give_up and is finished. Ctrl-C closes

@@ -1,6 +1,6 @@
 """Publish with the asyncio Producer: PUB, MPUB, DPUB, many publishes in flight.
 
-uv run python examples/client_producer.py 127.0.0.1:4150 events
+.venv/bin/python examples/client_producer.py 127.0.0.1:4150 events
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ async def main(address: str, topic: str) -> None:
         try:
             await producer.pub("not a valid topic!", b"x")
         except NSQError as err:
-            print("refused:", err.code, err)
+            print("refused:", err)  # the wire text: "E_BAD_TOPIC PUB topic name ..."
 
 
 if __name__ == "__main__":

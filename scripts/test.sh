@@ -7,9 +7,10 @@
 # environments (uv), and Debian's Chromium for the nsqadmin browser tests when missing.
 # Arguments go to the 3.11 pytest run; with arguments, the other versions are not run.
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+sync_env full
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing chromium (Debian) for the browser tests"
+    echo "== installing Debian's chromium package for the nsqadmin browser tests (apt-get, as root)"
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     echo "chromium is missing: install Debian's chromium package (the browser tests need it)" >&2
