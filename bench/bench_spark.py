@@ -15,6 +15,8 @@ offline. Then, in the same Spark session:
    ``--partitions`` partitions per micro-batch, the same rows and triggers as the ``nsq`` run;
 3. **nsq → parquet**: the ``nsq`` source with ``Trigger.AvailableNow`` and
    ``maxMessagesPerTrigger``, WAL on local disk (fsync on), into Spark's parquet file sink;
+   and **nsq-multi**: the same number of rows from two other topics (half each) in one query
+   (``topics``), per row beside the single topic's rate;
 4. the **ratios** of the steady rates (rows over the summed micro-batch times of the batches
    after the first, which pays for the Python workers' start-up): nsq / no-op (the issue's
    figure); nsq / a no-op with the nsq source's seven columns (what Spark's side costs for that
@@ -42,6 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -488,14 +491,14 @@ def main() -> None:
                 .load()
             )
 
-        def nsq_df(channel: str, schema: str | None = None) -> Any:
+        def nsq_df(channel: str, schema: str | None = None, topics: str | None = None) -> Any:
             reader = spark.readStream.format("nsq")
             if schema is not None:
                 reader = reader.schema(schema)
             return (
                 reader.option("nsqdTCPAddresses", tcp)
                 .option("nsqdHTTPAddresses", http)
-                .option("topic", topic)
+                .option("topics", topics or topic)
                 .option("channel", channel)
                 .option("walLocation", os.path.join(work, f"wal-{channel}"))
                 .option("maxMessagesPerTrigger", args.per_trigger)
@@ -510,6 +513,12 @@ def main() -> None:
                 http_post(f"http://{http}/channel/create?topic={topic}&channel={channel}")
             took = publish(tcp, topic, n, size)
             print(f"published {n:,} x {size} B in {took:.1f}s ({n / took:,.0f} msgs/s)")
+            # The multi-topic run: the same rows over two more topics, half each.
+            multi = [f"{topic}_a", f"{topic}_b"]
+            for part, name in zip((n // 2, n - n // 2), multi, strict=True):
+                http_post(f"http://{http}/topic/create?topic={name}")
+                http_post(f"http://{http}/channel/create?topic={name}&channel=spark_multi")
+                publish(tcp, name, part, size)
             print(f"{n:,} rows, {args.per_trigger:,} per trigger, {args.partitions} partitions")
             print(f"[{load_line()}]")
             nsqd_pid = nsqd.pid if nsqd is not None else None
@@ -525,9 +534,10 @@ def main() -> None:
                 name = f"warm-up{'-nsq-schema' if schema else ''}"
                 _, line = run_to_parquet(spark, noop_df(schema), work, name, n)
                 print(line.replace(f"{name} -> parquet", f"{name} (not counted) -> parquet"))
-            runs = {
+            runs: dict[str, Callable[[], Any]] = {
                 "noop": noop_df,
                 "nsq": lambda: nsq_df("spark"),
+                "nsq-multi": lambda: nsq_df("spark_multi", topics=",".join(multi)),
                 "noop-nsq-schema": lambda: noop_df("nsq"),
                 "nsq-id-body": lambda: nsq_df("spark_id_body", "id string, body binary"),
                 "noop-again": noop_df,
@@ -544,6 +554,10 @@ def main() -> None:
                 f"RESULT source: nsq {rates['nsq']:,.0f} rows/s, no-op {noop_rate:,.0f} rows/s "
                 f"(mean of {rates['noop']:,.0f}, {rates['noop-again']:,.0f}), "
                 f"ratio {rates['nsq'] / noop_rate:.2f}"
+            )
+            print(
+                f"RESULT source, two topics: nsq {rates['nsq-multi']:,.0f} rows/s, "
+                f"{rates['nsq-multi'] / rates['nsq']:.2f} of one topic's"
             )
             print(
                 f"RESULT source, same schema: no-op with the nsq columns "

@@ -1,12 +1,12 @@
-"""A Spark Structured Streaming pipeline on NSQ: JSON events in, windowed aggregates to Parquet,
-alerts out to another topic.
+"""A Spark Structured Streaming pipeline on NSQ: JSON events from two topics in, windowed
+aggregates to Parquet, alerts routed to two topics by a column.
 
 Locally (Spark's default master, ``local[*]``)::
 
-    ./scripts/run.sh &                                           # nsqd on 127.0.0.1:4150 / 4151
-    uv run python examples/spark_pipeline.py --generate 20000    # publish sample events, run, exit
-    uv run python examples/spark_pipeline.py --continuous        # run until Ctrl-C
-    uv run nsq_tail --topic alerts --nsqd-tcp-address 127.0.0.1:4150   # watch the alerts
+    ./scripts/run.sh &                                             # nsqd on 127.0.0.1:4150 / 4151
+    .venv/bin/python examples/spark_pipeline.py --generate 20000   # publish samples, run, exit
+    .venv/bin/python examples/spark_pipeline.py --continuous       # run until Ctrl-C
+    .venv/bin/nsq_tail --topic alerts --nsqd-tcp-address 127.0.0.1:4150   # watch the alerts
 
 On a cluster, with ``spark-submit`` (the master comes from ``--master``; nsqpy must be
 importable on every executor, and ``--work`` must be a path every node sees, see docs/SPARK.md
@@ -17,15 +17,17 @@ importable on every executor, and ``--work`` must be a path every node sees, see
         --master spark://127.0.0.1:7077 --conf spark.executor.cores=1 \
         examples/spark_pipeline.py --generate 20000 --work /shared/spark_pipeline
 
-Events on topic ``events`` look like ``{"ts": 1795291185.25, "user": "u7", "kind": "click",
-"value": 42.0}``. Two streaming queries read them, each on its own NSQ channel (every channel
-gets every message, so each query sees all events):
+Events on topics ``events`` and ``events_mobile`` (``--topics``; ``--generate`` publishes half
+to each) look like ``{"ts": 1795291185.25, "user": "u7", "kind": "click", "value": 42.0}``.
+Two streaming queries read both topics (option ``topics``), each on its own NSQ channel (every
+channel gets every message, so each query sees all events):
 
-* ``aggregate`` (channel ``spark_aggregate``): per 10-second event-time window and kind, the
-  count and mean value, appended to Parquet under ``<work>/aggregates`` once the watermark
-  (30 s) closes the window;
+* ``aggregate`` (channel ``spark_aggregate``): per 10-second event-time window, source topic
+  and kind, the count and mean value, appended to Parquet under ``<work>/aggregates`` once the
+  watermark (30 s) closes the window;
 * ``alerts`` (channel ``spark_alerts``): events with ``value`` above ``--threshold``, published
-  as JSON to topic ``alerts`` with the NSQ sink.
+  as JSON by the NSQ sink, routed by a ``topic`` column: ``error`` events to
+  ``<alerts-topic>_errors``, the others to ``<alerts-topic>``.
 
 Each query keeps its checkpoint and its NSQ write-ahead log under ``<work>/<query>/``; restart
 the script with the same ``--work`` directory and it carries on where it stopped, without losing
@@ -46,8 +48,8 @@ import time
 from typing import Any
 
 
-def generate(nsqd_tcp: str, topic: str, count: int) -> None:
-    """Publish ``count`` random events spread over the last few minutes."""
+def generate(nsqd_tcp: str, topics: list[str], count: int) -> None:
+    """Publish ``count`` random events spread over the last few minutes, over ``topics``."""
     from nsqpy.client import BlockingProducer
 
     kinds = ["click", "view", "purchase", "error"]
@@ -65,9 +67,9 @@ def generate(nsqd_tcp: str, topic: str, count: int) -> None:
         for i in range(count)
     ]
     with BlockingProducer(nsqd_tcp) as producer:
-        for start in range(0, count, 1000):
-            producer.mpub(topic, events[start : start + 1000])
-    print(f"published {count} events to {topic}")
+        for k, start in enumerate(range(0, count, 1000)):
+            producer.mpub(topics[k % len(topics)], events[start : start + 1000])
+    print(f"published {count} events to {', '.join(topics)}")
 
 
 def create_channels(nsqd_http: str, topic: str, channels: list[str]) -> None:
@@ -91,7 +93,7 @@ def main() -> None:
     parser.add_argument("--nsqd-tcp", default="127.0.0.1:4150")
     parser.add_argument("--nsqd-http", default="127.0.0.1:4151")
     parser.add_argument("--lookupd-http", help="discover nsqd through nsqlookupd instead")
-    parser.add_argument("--topic", default="events")
+    parser.add_argument("--topics", default="events,events_mobile", help="comma-separated")
     parser.add_argument("--alerts-topic", default="alerts")
     parser.add_argument("--threshold", type=float, default=90.0)
     parser.add_argument("--work", default="data/spark_pipeline", help="checkpoints, logs, output")
@@ -106,9 +108,11 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = os.path.abspath(args.work)
 
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
     if args.generate:
-        create_channels(args.nsqd_http, args.topic, ["spark_aggregate", "spark_alerts"])
-        generate(args.nsqd_tcp, args.topic, args.generate)
+        for topic in topics:
+            create_channels(args.nsqd_http, topic, ["spark_aggregate", "spark_alerts"])
+        generate(args.nsqd_tcp, topics, args.generate)
 
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -139,7 +143,7 @@ def main() -> None:
                 "nsqdHTTPAddresses", args.nsqd_http
             )
         raw = (
-            reader.option("topic", args.topic)
+            reader.option("topics", ",".join(topics))  # several topics in one query
             .option("channel", channel)
             .option("walLocation", os.path.join(work, channel, "nsq-wal"))
             .option("maxMessagesPerTrigger", 50_000)
@@ -157,6 +161,7 @@ def main() -> None:
             F.from_json(F.col("body").cast("string"), schema).alias("e"),
             F.col("timestamp").alias("published_at"),
             F.col("id").alias("nsq_id"),
+            F.col("topic").alias("source_topic"),  # which topic the row came from
         )
         return parsed.select(
             "e.*",
@@ -165,6 +170,7 @@ def main() -> None:
                 "event_time"
             ),
             "nsq_id",
+            "source_topic",
         ).where(F.col("kind").isNotNull())
 
     def trigger(writer: Any) -> Any:
@@ -175,11 +181,12 @@ def main() -> None:
     aggregates = (
         events("spark_aggregate")
         .withWatermark("event_time", "30 seconds")
-        .groupBy(F.window("event_time", "10 seconds"), "kind")
+        .groupBy(F.window("event_time", "10 seconds"), "source_topic", "kind")
         .agg(F.count("*").alias("events"), F.avg("value").alias("mean_value"))
         .select(
             F.col("window.start").alias("window_start"),
             F.col("window.end").alias("window_end"),
+            "source_topic",
             "kind",
             "events",
             "mean_value",
@@ -197,9 +204,20 @@ def main() -> None:
         events("spark_alerts")
         .where(F.col("value") > args.threshold)
         .select(
+            # No option topic: the sink routes each row by this column.
+            F.when(F.col("kind") == "error", F.lit(f"{args.alerts_topic}_errors"))
+            .otherwise(F.lit(args.alerts_topic))
+            .alias("topic"),
             F.to_json(
-                F.struct("event_time", "user", "kind", "value", F.col("nsq_id").alias("source_id"))
-            ).alias("body")
+                F.struct(
+                    "event_time",
+                    "user",
+                    "kind",
+                    "value",
+                    "source_topic",
+                    F.col("nsq_id").alias("source_id"),
+                )
+            ).alias("body"),
         )
     )
     alert_sink = alerts.writeStream.format("nsq").queryName("alerts")
@@ -208,9 +226,9 @@ def main() -> None:
     else:
         alert_sink = alert_sink.option("nsqdTCPAddresses", args.nsqd_tcp)
     alert_query = trigger(
-        alert_sink.option("topic", args.alerts_topic)
-        .option("markerLocation", os.path.join(work, "spark_alerts", "markers"))
-        .option("checkpointLocation", os.path.join(work, "spark_alerts", "checkpoint"))
+        alert_sink.option("markerLocation", os.path.join(work, "spark_alerts", "markers")).option(
+            "checkpointLocation", os.path.join(work, "spark_alerts", "checkpoint")
+        )
     ).start()
 
     try:
@@ -229,10 +247,15 @@ def main() -> None:
     read = sum(p["numInputRows"] for p in alert_query.recentProgress)
     path = os.path.join(work, "aggregates")
     windows = spark.read.parquet(path) if os.path.exists(path) else None
-    print(f"alerts query: {read} events checked this run; alerts went to topic {args.alerts_topic}")
+    print(
+        f"alerts query: {read} events checked this run; alerts went to topics "
+        f"{args.alerts_topic} and {args.alerts_topic}_errors"
+    )
     if windows is not None:
         print(f"aggregates in {path}: {windows.count()} closed windows; latest:")
-        windows.orderBy(F.col("window_start").desc(), "kind").show(8, truncate=False)
+        windows.orderBy(F.col("window_start").desc(), "source_topic", "kind").show(
+            8, truncate=False
+        )
     spark.stop()
 
 

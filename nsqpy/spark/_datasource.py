@@ -34,7 +34,9 @@ class NSQDataSource(DataSource):
 
     Rows: ``id`` string, ``timestamp`` timestamp, ``attempts`` int, ``body`` binary, ``topic``,
     ``channel`` and ``nsqd`` strings; ``.schema("id string, body binary")`` (any subset, any
-    order) reads only those columns. Writes publish the ``body`` column (binary or string).
+    order) reads only those columns; ``topics`` or ``topicPattern`` read several topics.
+    Writes publish the ``body`` column (binary or string) to the ``topic`` option, else to
+    each row's ``topic`` column; rows with a ``deferMs`` are published deferred (DPUB).
     See docs/SPARK.md for every option and the guarantees.
     """
 
@@ -59,13 +61,13 @@ class NSQDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         _check_mode(overwrite)
-        check_sink_schema(schema)
-        return NSQBatchWriter(SinkOptions.parse(self.options))
+        options = SinkOptions.parse(self.options)
+        return NSQBatchWriter(options, check_sink_schema(schema, options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         _check_mode(overwrite)
-        check_sink_schema(schema)
-        return NSQStreamWriter(SinkOptions.parse(self.options))
+        options = SinkOptions.parse(self.options)
+        return NSQStreamWriter(options, check_sink_schema(schema, options))
 
 
 def _check_mode(overwrite: bool) -> None:

@@ -1,7 +1,7 @@
-"""The HTTP calls the connector makes, blocking and stdlib-only: nsqlookupd ``/lookup`` and
-``/nodes`` (spec §4.3) for discovery, nsqd ``/stats`` (spec §3.2) for what a channel holds and
-will receive, and ``/channel/create`` so that a new query's channel starts retaining messages at
-once.
+"""The HTTP calls the connector makes, blocking and stdlib-only: nsqlookupd ``/lookup``,
+``/topics`` and ``/nodes`` (spec §4.3) for discovery, nsqd ``/stats`` (spec §3.2) for what a
+channel holds and will receive (and which topics an nsqd has), and ``/channel/create`` so that
+a new query's channel starts retaining messages at once.
 
 These run in the driver-side planner processes and, for the sink's discovery, in write tasks.
 """
@@ -20,9 +20,11 @@ __all__ = [
     "Backlog",
     "HTTPError",
     "Producer",
-    "channel_backlog",
+    "channel_backlogs",
     "lookup_producers",
+    "lookup_topics",
     "lookupd_nodes",
+    "nsqd_topics",
 ]
 
 log = logging.getLogger("nsqpy.spark")
@@ -110,6 +112,29 @@ def lookup_producers(lookupds: tuple[str, ...], topic: str, timeout: float) -> l
     return _from_lookupds(lookupds, "/lookup", {"topic": topic}, timeout)
 
 
+def lookup_topics(lookupds: tuple[str, ...], timeout: float) -> list[str]:
+    """Every topic the lookupds know (``/topics``), sorted; an error if none answers."""
+    found: set[str] = set()
+    errors: list[str] = []
+    for address in lookupds:
+        try:
+            data = get_json(_url(address, "/topics", {}), timeout) or {}
+        except HTTPError as err:
+            errors.append(str(err))
+            continue
+        found.update(str(t) for t in data.get("topics") or [])
+    if errors and len(errors) == len(lookupds):
+        raise HTTPError("no nsqlookupd answered: " + "; ".join(errors))
+    return sorted(found)
+
+
+def nsqd_topics(http_address: str, timeout: float) -> list[str]:
+    """The topics one nsqd has (its ``/stats``), sorted."""
+    params = {"format": "json", "include_clients": "false", "include_mem": "false"}
+    data = get_json(_url(http_address, "/stats", params), timeout) or {}
+    return sorted(str(t.get("topic_name")) for t in data.get("topics") or [])
+
+
 def lookupd_nodes(lookupds: tuple[str, ...], timeout: float) -> list[Producer]:
     """Every nsqd registered with the lookupds (``/nodes``), sorted: where to publish."""
     return _from_lookupds(lookupds, "/nodes", {}, timeout)
@@ -174,37 +199,54 @@ def _backlog(topic_stats: dict[str, Any], channel_stats: dict[str, Any]) -> Back
     )
 
 
-def channel_backlog(http_address: str, topic: str, channel: str, timeout: float) -> Backlog:
-    """What ``channel`` holds and will receive on one nsqd (see :class:`Backlog`).
-
-    A missing channel is created (``POST /topic/create``, then ``/channel/create``), as a
-    consumer's SUB would: from then on nsqd keeps every new message for it, and a topic that had
-    no channel at all moves its backlog into it (counted as ``incoming``).
-    """
+def _stats_channel(http_address: str, topics: list[str], channel: str, timeout: float) -> Any:
+    """``/stats`` of ``channel`` (and of the one topic, if only one is asked for)."""
     params = {
         "format": "json",
-        "topic": topic,
         "channel": channel,
         "include_clients": "false",
         "include_mem": "false",
     }
-    data = get_json(_url(http_address, "/stats", params), timeout) or {}
-    topic_stats = _find_topic(data, topic)
-    channel_stats = _find_channel(topic_stats, channel)
-    if channel_stats is None:
-        # /channel/create needs the topic to exist (404 TOPIC_NOT_FOUND otherwise).
-        for path, args in (
-            ("/topic/create", {"topic": topic}),
-            ("/channel/create", {"topic": topic, "channel": channel}),
-        ):
-            url = _url(http_address, path, args)
-            status, body = _request(url, timeout, method="POST")
-            if status != 200:
-                raise HTTPError(f"POST {url}: HTTP {status} {body[:200]!r}")
-        data = get_json(_url(http_address, "/stats", params), timeout) or {}
+    if len(topics) == 1:
+        params["topic"] = topics[0]
+    return get_json(_url(http_address, "/stats", params), timeout) or {}
+
+
+def _create_channel(http_address: str, topic: str, channel: str, timeout: float) -> None:
+    # /channel/create needs the topic to exist (404 TOPIC_NOT_FOUND otherwise).
+    for path, args in (
+        ("/topic/create", {"topic": topic}),
+        ("/channel/create", {"topic": topic, "channel": channel}),
+    ):
+        url = _url(http_address, path, args)
+        status, body = _request(url, timeout, method="POST")
+        if status != 200:
+            raise HTTPError(f"POST {url}: HTTP {status} {body[:200]!r}")
+
+
+def channel_backlogs(
+    http_address: str, topics: list[str], channel: str, timeout: float
+) -> dict[str, Backlog]:
+    """What ``channel`` holds and will receive on one nsqd, per topic (see :class:`Backlog`):
+    one ``/stats`` request for all of them.
+
+    A missing channel (or topic) is created (``POST /topic/create``, then
+    ``/channel/create``), as a consumer's SUB would: from then on nsqd keeps every new message
+    for it, and a topic that had no channel at all moves its backlog into it (counted as
+    ``incoming``).
+    """
+    data = _stats_channel(http_address, topics, channel, timeout)
+    missing = [t for t in topics if _find_channel(_find_topic(data, t), channel) is None]
+    if missing:
+        for topic in missing:
+            _create_channel(http_address, topic, channel, timeout)
+        data = _stats_channel(http_address, topics, channel, timeout)
+    backlogs: dict[str, Backlog] = {}
+    for topic in topics:
         topic_stats = _find_topic(data, topic)
         channel_stats = _find_channel(topic_stats, channel)
         if topic_stats is None or channel_stats is None:
-            return Backlog(0)
-    assert topic_stats is not None
-    return _backlog(topic_stats, channel_stats)
+            backlogs[topic] = Backlog(0)
+        else:
+            backlogs[topic] = _backlog(topic_stats, channel_stats)
+    return backlogs

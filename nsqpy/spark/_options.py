@@ -8,6 +8,7 @@ of milliseconds (NSQ's IDENTIFY unit).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -58,6 +59,12 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _digest(topics: tuple[str, ...], pattern: re.Pattern[str] | None) -> str:
+    """A short stable name for a set of topics (a batch read's default log directory)."""
+    text = pattern.pattern if pattern is not None else ",".join(topics)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 class _Options:
     """Typed access to Spark's option map (keys lower-cased by Spark)."""
 
@@ -101,11 +108,31 @@ class _Options:
         raise ValueError(f"option {name}: {value!r} is not a boolean")
 
 
-def _topic(o: _Options) -> str:
-    topic = o.required("topic")
+def _check_topic(name: str, topic: str) -> str:
     if not is_valid_topic_name(topic):
-        raise ValueError(f"option topic: {topic!r} is not a valid NSQ topic name")
+        raise ValueError(f"option {name}: {topic!r} is not a valid NSQ topic name")
     return topic
+
+
+def _source_topics(o: _Options) -> tuple[tuple[str, ...], re.Pattern[str] | None]:
+    """The source's topics: exactly one of ``topic``, ``topics`` (comma-separated) or
+    ``topicPattern`` (a regular expression a whole topic name must match, as Kafka's
+    ``subscribePattern``; the topics are then discovered)."""
+    given = [n for n in ("topic", "topics", "topicPattern") if o.text(n) is not None]
+    if len(given) != 1:
+        raise ValueError("give exactly one of the options topic, topics, topicPattern")
+    if given[0] == "topicPattern":
+        text = o.required("topicPattern")
+        try:
+            return (), re.compile(text)
+        except re.error as err:
+            raise ValueError(f"option topicPattern: {text!r} is not a regular expression: {err}")
+    names = parse_addresses(o.required(given[0]))
+    if not names:
+        raise ValueError(f"option {given[0]}: no topic given")
+    if len(set(names)) != len(names):
+        raise ValueError(f"option {given[0]}: a topic is listed twice")
+    return tuple(_check_topic(given[0], t) for t in names), None
 
 
 def _absolute_location(name: str, value: str) -> str:
@@ -123,9 +150,14 @@ def _absolute_location(name: str, value: str) -> str:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """Options of ``spark.read`` / ``spark.readStream`` with ``format("nsq")``."""
+    """Options of ``spark.read`` / ``spark.readStream`` with ``format("nsq")``.
 
-    topic: str
+    ``topics`` are the topics named by ``topic`` or ``topics``; with ``topicPattern`` they are
+    empty and ``topic_pattern`` is set (the planner discovers the topics).
+    """
+
+    topics: tuple[str, ...]
+    topic_pattern: re.Pattern[str] | None
     channel: str
     nsqd_tcp_addresses: tuple[str, ...]
     nsqd_http_addresses: tuple[str, ...]
@@ -133,6 +165,8 @@ class SourceOptions:
     wal_location: str
     wal_given: bool
     max_messages_per_trigger: int | None
+    min_messages_per_trigger: int | None
+    max_trigger_delay: float
     max_messages: int | None
     num_partitions: int | None
     max_messages_per_partition: int
@@ -145,6 +179,8 @@ class SourceOptions:
     output_buffer_size: int
     dedupe_retention: float
     empty_poll_interval: float
+    lookupd_poll_interval: float
+    fail_on_data_loss: bool
     fsync: bool
     wal_segment_rows: int
     test_crash_after_wal: tuple[int, int] | None
@@ -155,7 +191,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, raw: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         o = _Options(raw)
-        topic = _topic(o)
+        topics, pattern = _source_topics(o)
         channel = o.required("channel")
         if not is_valid_channel_name(channel):
             raise ValueError(f"option channel: {channel!r} is not a valid NSQ channel name")
@@ -176,6 +212,11 @@ class SourceOptions:
             raise ValueError(
                 "option nsqdHTTPAddresses must list one HTTP address per nsqdTCPAddresses entry"
             )
+        if pattern is not None and nsqd_tcp and not nsqd_http:
+            raise ValueError(
+                "option topicPattern needs lookupdHTTPAddresses or nsqdHTTPAddresses "
+                "(the topics are found in nsqlookupd's /topics or each nsqd's /stats)"
+            )
         wal = o.text("walLocation")
         if wal is None:
             if streaming:
@@ -183,7 +224,8 @@ class SourceOptions:
                     "option walLocation is required for streaming reads "
                     "(e.g. <checkpointLocation>/nsq-wal, on storage every executor sees)"
                 )
-            wal = os.path.join(tempfile.gettempdir(), "nsqpy-spark-wal", f"{topic}.{channel}")
+            name = topics[0] if len(topics) == 1 else f"multi-{_digest(topics, pattern)}"
+            wal = os.path.join(tempfile.gettempdir(), "nsqpy-spark-wal", f"{name}.{channel}")
         max_rdy = o.integer("maxInFlightPerConnection", DEFAULT_MAX_IN_FLIGHT, minimum=1)
         assert max_rdy is not None
         per_partition = o.integer("maxMessagesPerPartition", 250_000, minimum=1)
@@ -203,15 +245,26 @@ class SourceOptions:
         if crash is not None and os.environ.get(TEST_HOOKS_ENV) == "1":
             batch, _, index = crash.partition(",")
             crash_at = (int(batch), int(index or 0))
+        per_trigger = o.integer("maxMessagesPerTrigger", None, minimum=1)
+        min_per_trigger = o.integer("minMessagesPerTrigger", None, minimum=1)
+        if (
+            per_trigger is not None
+            and min_per_trigger is not None
+            and min_per_trigger > per_trigger
+        ):
+            raise ValueError("option minMessagesPerTrigger must not exceed maxMessagesPerTrigger")
         return cls(
-            topic=topic,
+            topics=topics,
+            topic_pattern=pattern,
             channel=channel,
             nsqd_tcp_addresses=nsqd_tcp,
             nsqd_http_addresses=nsqd_http,
             lookupd_http_addresses=lookupd,
             wal_location=_absolute_location("walLocation", wal),
             wal_given=o.text("walLocation") is not None,
-            max_messages_per_trigger=o.integer("maxMessagesPerTrigger", None, minimum=1),
+            max_messages_per_trigger=per_trigger,
+            min_messages_per_trigger=min_per_trigger,
+            max_trigger_delay=o.duration("maxTriggerDelay", 15 * 60.0),
             max_messages=o.integer("maxMessages", None, minimum=1),
             num_partitions=o.integer("numPartitions", None, minimum=1),
             max_messages_per_partition=per_partition,
@@ -224,6 +277,8 @@ class SourceOptions:
             output_buffer_size=buffer_size,
             dedupe_retention=o.duration("dedupeRetention", 24 * 3600.0),
             empty_poll_interval=o.duration("emptyPollInterval", 1.0),
+            lookupd_poll_interval=o.duration("lookupdPollInterval", 5.0),
+            fail_on_data_loss=o.boolean("failOnDataLoss", True),
             fsync=o.boolean("walFsync", True),
             wal_segment_rows=segment_rows,
             test_crash_after_wal=crash_at,
@@ -232,9 +287,12 @@ class SourceOptions:
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """Options of ``df.write`` / ``df.writeStream`` with ``format("nsq")``."""
+    """Options of ``df.write`` / ``df.writeStream`` with ``format("nsq")``.
 
-    topic: str
+    ``topic`` None: every row names its topic in a ``topic`` column (checked with the schema).
+    """
+
+    topic: str | None
     nsqd_tcp_addresses: tuple[str, ...]
     lookupd_http_addresses: tuple[str, ...]
     marker_location: str | None
@@ -244,6 +302,7 @@ class SinkOptions:
     max_body_size: int
     connect_timeout: float
     reply_timeout: float
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, raw: Mapping[str, str]) -> SinkOptions:
@@ -263,8 +322,9 @@ class SinkOptions:
         max_body = o.integer("maxBodySize", DEFAULT_MAX_BODY_SIZE, minimum=9)
         assert batch is not None and pipeline is not None
         assert max_msg is not None and max_body is not None
+        topic = o.text("topic")
         return cls(
-            topic=_topic(o),
+            topic=None if topic is None else _check_topic("topic", topic),
             nsqd_tcp_addresses=nsqd_tcp,
             lookupd_http_addresses=lookupd,
             marker_location=None
@@ -276,4 +336,5 @@ class SinkOptions:
             max_body_size=max_body,
             connect_timeout=o.duration("connectTimeout", 5.0),
             reply_timeout=o.duration("replyTimeout", 30.0),
+            fail_on_data_loss=o.boolean("failOnDataLoss", True),
         )

@@ -1,4 +1,9 @@
-"""The sink: Arrow writers that MPUB a DataFrame's ``body`` column to an NSQ topic.
+"""The sink: Arrow writers that MPUB a DataFrame's ``body`` column to NSQ topics.
+
+**Routing** (as Kafka's sink): the ``topic`` option, when set, names the topic of every row;
+without it, each row's ``topic`` column does (rows are grouped per topic with Arrow, and each
+topic gets its own MPUBs). A row with a non-null ``deferMs`` column is published alone with
+``DPUB`` (NSQ has no deferred MPUB); the others still go by MPUB.
 
 Each write task publishes its rows to one nsqd (``nsqdTCPAddresses``, or every nsqd nsqlookupd
 knows through ``/nodes``, chosen by partition id) in MPUB commands that respect nsqd's limits
@@ -36,29 +41,73 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from nsqpy.spark._conn import NSQConnectionError, Publisher
 from nsqpy.spark._http import lookupd_nodes
 from nsqpy.spark._options import SinkOptions
+from nsqpy.spark._wal import report_loss
+from nsqpy.wire.names import is_valid_topic_name
+from nsqpy.wire.v2 import encode_dpub
 
-__all__ = ["NSQBatchWriter", "NSQCommitMessage", "NSQStreamWriter", "check_sink_schema"]
+__all__ = [
+    "NSQBatchWriter",
+    "NSQCommitMessage",
+    "NSQStreamWriter",
+    "Routing",
+    "check_sink_schema",
+    "encode_commands",
+    "encode_mpubs",
+]
 
 log = logging.getLogger("nsqpy.spark")
 
 _INT32 = struct.Struct(">i")
 _SWAP: Final = sys.byteorder == "little"  # the wire is big-endian
 BODY_COLUMN: Final = "body"
+TOPIC_COLUMN: Final = "topic"
+DEFER_COLUMN: Final = "deferms"  # Spark's column names are case-insensitive: deferMs
+# Markers: the last batch whose commit the driver ran (see _check_markers).
+COMMITTED: Final = "COMMITTED"
 
 
-def check_sink_schema(schema: StructType) -> None:
-    """The DataFrame must have a ``body`` column of binary or string type."""
+@dataclass(frozen=True)
+class Routing:
+    """What a write needs besides the bodies, decided once from the schema and the options:
+    route rows by their ``topic`` column (no ``topic`` option), DPUB rows with ``deferMs``."""
+
+    by_column: bool
+    deferred: bool
+
+    @property
+    def plain(self) -> bool:
+        """Every row to the option's topic by MPUB: the path the benchmark measures."""
+        return not self.by_column and not self.deferred
+
+
+def check_sink_schema(schema: StructType, options: SinkOptions | None = None) -> Routing:
+    """The DataFrame must have a ``body`` column of binary or string type; a ``topic`` column
+    (string) when the option ``topic`` is not set; ``deferMs``, if present, is an integer."""
     fields = {f.name.lower(): f for f in schema.fields}
     field = fields.get(BODY_COLUMN)
     if field is None:
         raise ValueError(f"the nsq sink needs a 'body' column; the columns are {schema.names}")
     if not isinstance(field.dataType, BinaryType | StringType):
         raise ValueError(f"column 'body' must be binary or string, not {field.dataType}")
+    by_column = options is not None and options.topic is None
+    if by_column:
+        topic = fields.get(TOPIC_COLUMN)
+        if topic is None:
+            raise ValueError(
+                "the nsq sink needs the option topic or a 'topic' column; "
+                f"the columns are {schema.names}"
+            )
+        if not isinstance(topic.dataType, StringType):
+            raise ValueError(f"column 'topic' must be a string, not {topic.dataType}")
+    defer = fields.get(DEFER_COLUMN)
+    if defer is not None and not isinstance(defer.dataType, IntegralType):
+        raise ValueError(f"column 'deferMs' must be an integer (ms), not {defer.dataType}")
+    return Routing(by_column=by_column, deferred=defer is not None)
 
 
 @dataclass
@@ -84,26 +133,107 @@ def encode_mpubs(
     first, so that commands are not cut at Spark's batch boundaries. ``counter[0]`` counts the
     messages encoded.
     """
-    max_msg = options.max_msg_size
-    max_body = options.max_body_size
-    max_count = max(1, min(options.publish_batch_size, (max_body - 4) // 5))
-    head = b"MPUB " + topic.encode() + b"\n"
-    pending: list[Any] = []
-    rows = size = 0  # what pending holds (size: its bodies' bytes)
+    mpubs = _Mpubs(topic, options, counter)
     for batch in batches:
-        column = _body_column(batch, max_msg)
+        yield from mpubs.add(_body_column(batch, options.max_msg_size))
+    yield from mpubs.finish()
+
+
+class _Mpubs:
+    """The MPUBs of one topic, fed column by column (see :func:`encode_mpubs`)."""
+
+    def __init__(self, topic: str, options: SinkOptions, counter: list[int]) -> None:
+        self.head = b"MPUB " + topic.encode() + b"\n"
+        self.max_body = options.max_body_size
+        self.max_count = max(1, min(options.publish_batch_size, (self.max_body - 4) // 5))
+        self.counter = counter
+        self.pending: list[Any] = []
+        self.rows = self.size = 0  # what pending holds (size: its bodies' bytes)
+
+    def add(self, column: Any) -> Iterator[bytes]:
+        """Take ``column``'s bodies; the commands that are full."""
         if not len(column):
-            continue
-        pending.append(column)
-        rows += len(column)
-        size += _body_bytes(column)
-        if rows >= max_count or size >= max_body:  # a command's worth, in count or bytes
-            tail = yield from _commands(head, pending, max_count, max_body, counter, final=False)
-            pending = [tail] if tail is not None else []
-            rows = len(tail) if tail is not None else 0
-            size = _body_bytes(tail) if tail is not None else 0
-    if rows:
-        yield from _commands(head, pending, max_count, max_body, counter, final=True)
+            return
+        self.pending.append(column)
+        self.rows += len(column)
+        self.size += _body_bytes(column)
+        if self.rows >= self.max_count or self.size >= self.max_body:  # a command's worth
+            tail = yield from _commands(
+                self.head, self.pending, self.max_count, self.max_body, self.counter, final=False
+            )
+            self.pending = [tail] if tail is not None else []
+            self.rows = len(tail) if tail is not None else 0
+            self.size = _body_bytes(tail) if tail is not None else 0
+
+    def finish(self) -> Iterator[bytes]:
+        if self.rows:
+            yield from _commands(
+                self.head, self.pending, self.max_count, self.max_body, self.counter, final=True
+            )
+        self.pending, self.rows, self.size = [], 0, 0
+
+
+def encode_commands(
+    batches: Iterator[Any], options: SinkOptions, routing: Routing, counter: list[int]
+) -> Iterator[bytes]:
+    """The commands that publish every row of ``batches``: MPUBs per topic, and a DPUB for
+    each row with a ``deferMs``. With nothing to route, exactly :func:`encode_mpubs`."""
+    if routing.plain:
+        assert options.topic is not None
+        yield from encode_mpubs(options.topic, batches, options, counter)
+        return
+    mpubs: dict[str, _Mpubs] = {}
+    for batch in batches:
+        bodies = _body_column(batch, options.max_msg_size)
+        names = [n.lower() for n in batch.schema.names]
+        defer = batch.column(names.index(DEFER_COLUMN)) if routing.deferred else None
+        for topic, mask in _by_topic(batch, names, options.topic):
+            now, later, delays = _split_deferred(
+                bodies if mask is None else bodies.filter(mask),
+                defer if mask is None or defer is None else defer.filter(mask),
+            )
+            if topic not in mpubs:
+                mpubs[topic] = _Mpubs(topic, options, counter)
+            yield from mpubs[topic].add(now)
+            for delay, body in zip(delays, later.to_pylist(), strict=True):
+                yield encode_dpub(topic, delay, body)
+                counter[0] += 1
+    for encoder in mpubs.values():
+        yield from encoder.finish()
+
+
+def _by_topic(batch: Any, names: list[str], option: str | None) -> Iterator[tuple[str, Any]]:
+    """``(topic, mask)`` for each topic of the rows (mask None: every row): the option's,
+    else the ``topic`` column's (one mask per distinct topic; rows keep their order)."""
+    if option is not None:
+        yield option, None
+        return
+    topics = batch.column(names.index(TOPIC_COLUMN))
+    if topics.null_count:
+        raise ValueError("nsq sink: a row has a null 'topic' and the option topic is not set")
+    distinct = topics.unique().to_pylist()
+    for topic in distinct:
+        if not is_valid_topic_name(topic):
+            raise ValueError(f"nsq sink: column 'topic': {topic!r} is not a valid NSQ topic name")
+    if len(distinct) == 1:
+        yield distinct[0], None
+        return
+    for topic in distinct:
+        yield topic, pc.equal(topics, topic)
+
+
+def _split_deferred(bodies: Any, delays: Any | None) -> tuple[Any, Any, list[int]]:
+    """The ``bodies`` to MPUB now, and those to DPUB with their ``delays`` (ms; null: now)."""
+    if delays is None or delays.null_count == len(delays):
+        return bodies, bodies.slice(0, 0), []
+    if not delays.null_count:
+        return bodies.slice(0, 0), bodies, delays.cast(pa.int64()).to_pylist()
+    later = delays.is_valid()
+    return (
+        bodies.filter(pc.invert(later)),
+        bodies.filter(later),
+        delays.filter(later).cast(pa.int64()).to_pylist(),
+    )
 
 
 def _commands(
@@ -193,6 +323,38 @@ def _marker_path(options: SinkOptions, batch_id: int, partition_id: int) -> str 
     return os.path.join(options.marker_location, str(batch_id), str(partition_id))
 
 
+def _check_markers(options: SinkOptions, batch_id: int, marker: str) -> None:
+    """Were the markers lost or tampered with between runs? The driver's commit of batch *b*
+    writes ``COMMITTED`` = *b* and keeps only *b*'s markers, so batch *b* runs after
+    ``COMMITTED`` *b* - 1 (or *b*, re-executed after its commit): anything else means the
+    markers are not this query's any more, and re-executed partitions would publish again."""
+    assert options.marker_location is not None
+    location = options.marker_location
+    committed: int | None = None
+    try:
+        with open(os.path.join(location, COMMITTED), "rb") as f:
+            committed = int(f.read())
+    except FileNotFoundError:
+        pass
+    except ValueError:
+        committed = -2
+    problem = None
+    if committed is None and batch_id > 0:
+        problem = f"no marker of the batches before {batch_id} (deleted, or a new markerLocation)"
+    elif committed is not None and committed not in (batch_id - 1, batch_id):
+        problem = f"{COMMITTED} names batch {committed}, not {batch_id - 1}: damaged or not ours"
+    else:
+        try:
+            with open(marker, "rb") as f:
+                int(f.read())
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            problem = f"marker {marker} is damaged"
+    if problem is not None:
+        report_loss(f"nsq sink markers {location}: {problem}", options.fail_on_data_loss)
+
+
 def _write_marker(path: str, body: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
@@ -203,13 +365,17 @@ def _write_marker(path: str, body: bytes) -> None:
     os.replace(tmp, path)
 
 
-def publish_partition(options: SinkOptions, batches: Iterator[Any]) -> NSQCommitMessage:
+def publish_partition(
+    options: SinkOptions, routing: Routing, batches: Iterator[Any]
+) -> NSQCommitMessage:
     """Publish one write task's rows (the body of every writer's ``write``)."""
     ctx = TaskContext.get()
     partition_id = ctx.partitionId() if ctx is not None else 0
     raw_batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
     batch_id = int(raw_batch_id) if raw_batch_id is not None else None
     marker = None if batch_id is None else _marker_path(options, batch_id, partition_id)
+    if marker is not None and batch_id is not None:
+        _check_markers(options, batch_id, marker)
     if marker is not None and os.path.exists(marker):
         for _ in batches:  # consume the input all the same
             pass
@@ -218,7 +384,7 @@ def publish_partition(options: SinkOptions, batches: Iterator[Any]) -> NSQCommit
 
     started = time.monotonic()
     counter = [0]
-    commands = encode_mpubs(options.topic, batches, options, counter)
+    commands = encode_commands(batches, options, routing, counter)
     first = next(commands, None)
     if first is None:
         return NSQCommitMessage(batch_id, partition_id, 0, 0)
@@ -260,11 +426,12 @@ def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 class NSQStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("nsq")``."""
 
-    def __init__(self, options: SinkOptions) -> None:
+    def __init__(self, options: SinkOptions, routing: Routing) -> None:
         self.options = options
+        self.routing = routing
 
     def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
-        return publish_partition(self.options, iterator)
+        return publish_partition(self.options, self.routing, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Runs on the driver, in a fresh writer, before Spark's commit log entry."""
@@ -282,6 +449,7 @@ class NSQStreamWriter(DataSourceStreamArrowWriter):
                 for name in os.listdir(location):
                     if name.isdigit() and int(name) < batchId:
                         shutil.rmtree(os.path.join(location, name), ignore_errors=True)
+            _write_marker(os.path.join(location, COMMITTED), f"{batchId}\n".encode())
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         published = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))
@@ -296,15 +464,17 @@ class NSQStreamWriter(DataSourceStreamArrowWriter):
 class NSQBatchWriter(DataSourceArrowWriter):
     """``df.write.format("nsq").mode("append").save()``."""
 
-    def __init__(self, options: SinkOptions) -> None:
+    def __init__(self, options: SinkOptions, routing: Routing) -> None:
         self.options = options
+        self.routing = routing
 
     def write(self, iterator: Iterator[Any]) -> NSQCommitMessage:
-        return publish_partition(self.options, iterator)
+        return publish_partition(self.options, self.routing, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         total = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))
-        log.info("nsq sink: %d messages published to %s", total, self.options.topic)
+        where = self.options.topic or "the topics of the 'topic' column"
+        log.info("nsq sink: %d messages published to %s", total, where)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         published = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))

@@ -73,7 +73,9 @@ def read_partition(plan: PartitionPlan, options: SourceOptions) -> Iterator[Any]
     """The rows of one partition as ``pyarrow.RecordBatch`` es (see the module docstring)."""
     if plan.quota <= 0:
         return
-    wal = WAL(options.wal_location, fsync=options.fsync)
+    wal = WAL(
+        options.wal_location, fsync=options.fsync, fail_on_data_loss=options.fail_on_data_loss
+    )
     pdir = wal.partition_dir(plan.run, plan.batch, plan.index)
     seal = wal.read_seal(pdir)
     if seal is not None:
@@ -90,20 +92,26 @@ class _Dedupe:
     """Is this redelivery already in the log? Loaded from the WAL on the first ``attempts > 1``
     message, and reloaded (at most once a second) when an id is not found."""
 
-    def __init__(self, wal: WAL, nsqd: str) -> None:
+    def __init__(self, wal: WAL, nsqd: str, topic: str) -> None:
         self._wal = wal
         self._nsqd = nsqd
+        self._topic = topic
         self._keys: set[UnconfirmedKey] | None = None
         self._loaded_at = 0.0
 
     def __call__(self, msg_id: bytes) -> bool:
-        key = (self._nsqd, msg_id)
-        if self._keys is not None and key in self._keys:
+        if self._keys is not None and self._known(msg_id):
             return True
         if self._keys is None or time.monotonic() - self._loaded_at >= _RELOAD_INTERVAL:
             self._keys = self._wal.unconfirmed()
             self._loaded_at = time.monotonic()
-        return key in self._keys
+        return self._known(msg_id)
+
+    def _known(self, msg_id: bytes) -> bool:
+        """In the log for this nsqd and topic (or logged before seals named a topic)."""
+        assert self._keys is not None
+        keys = self._keys
+        return (self._nsqd, self._topic, msg_id) in keys or (self._nsqd, "", msg_id) in keys
 
 
 class _Keepalive(threading.Thread):
@@ -220,7 +228,7 @@ class _PartitionRead:
         self.options = options
         self.wal = wal
         self.pdir = pdir
-        self.dedupe = _Dedupe(wal, plan.nsqd)
+        self.dedupe = _Dedupe(wal, plan.nsqd, plan.topic)
         self.conns: list[ConsumerConnection] = []
         self.opened: list[ConsumerConnection] = []  # every connection, for the log line
         self.segments: list[str] = []
@@ -239,7 +247,7 @@ class _PartitionRead:
                 "nsq read: %s; partition %d of batch %d is empty", err, plan.index, plan.batch
             )
             self.close_connections()
-            self.wal.seal(self.pdir, [], 0, plan.nsqd)
+            self.wal.seal(self.pdir, [], 0, plan.nsqd, plan.topic)
             return
         keepalive = _Keepalive(self.conns, self.msg_timeout)
         keepalive.start()
@@ -252,7 +260,7 @@ class _PartitionRead:
             except Exception:
                 self._give_back()  # nothing is sealed, so nothing of this attempt counts
                 raise
-            won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd)
+            won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd, plan.topic)
         finally:
             keepalive.stop()
         if not won:

@@ -5,7 +5,10 @@ Layout under ``walLocation`` (a local or shared POSIX path every executor and th
     <run>/<batch>/<partition>/seg-<uuid>.arrow       rows, Arrow IPC file (tmp, fsync, rename):
                                                      id, timestamp, attempts, body (topic,
                                                      channel and nsqd are the partition's)
-    <run>/<batch>/<partition>/SEALED                 {"segments", "rows", "nsqd"}: created once
+    <run>/RUN                                        created when the run plans its first
+                                                     batch: a run without it lost its log
+    <run>/<batch>/<partition>/SEALED                 {"segments", "rows", "nsqd", "topic"}:
+                                                     created once
     <run>/<batch>/<partition>/FINNED                 {"failed": [ids]}: after nsqd confirmed
     unconfirmed/<run>-<batch>-<partition>.json       ids whose FIN was never confirmed, kept
                                                      after garbage collection for dedupe
@@ -19,7 +22,13 @@ can fail because the message had timed out. nsqd then redelivers those messages 
 1``) although they are already in the log; a read task FINs and drops them. They are: the rows
 of a sealed partition without ``FINNED``, the ``failed`` ids of ``FINNED``, and the files in
 ``unconfirmed/`` (garbage collection moves them there before deleting a batch). Keys include
-the nsqd address, because two nsqd can hand out the same id.
+the nsqd address and the topic, because two nsqd, or two topics of one nsqd (each has its own
+id sequence), can hand out the same id.
+
+**Data loss.** A log lost or damaged between runs (a run's directory gone, a seal that is not
+JSON, a sealed segment missing or unreadable, fewer rows than sealed) is reported by
+:meth:`WAL.lost`: a :class:`DataLossError` with ``failOnDataLoss`` (the default), else a
+warning, and the reader goes on with what is left.
 """
 
 from __future__ import annotations
@@ -39,33 +48,75 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from nsqpy.spark._schema import SEGMENT_SCHEMA, with_constants
 
-__all__ = ["WAL", "Seal", "UnconfirmedKey"]
+__all__ = ["WAL", "DataLossError", "Seal", "UnconfirmedKey", "report_loss"]
 
 log = logging.getLogger("nsqpy.spark")
 
 SEALED: Final = "SEALED"
 FINNED: Final = "FINNED"
 UNCONFIRMED: Final = "unconfirmed"
+RUN: Final = "RUN"
 _TRASH_PREFIX: Final = ".trash-"
 
-UnconfirmedKey = tuple[str, bytes]  # (nsqd TCP address, 16-byte message id)
+UnconfirmedKey = tuple[str, str, bytes]  # (nsqd TCP address, topic, 16-byte message id)
+
+_ADVICE: Final = " (the option failOnDataLoss=false logs this and goes on instead)"
+
+
+class DataLossError(RuntimeError):
+    """The write-ahead log (or the sink's markers) was lost or damaged between runs."""
+
+
+def report_loss(message: str, fail: bool) -> None:
+    """The option ``failOnDataLoss``: raise :class:`DataLossError` (``fail``), or log a
+    warning and let the caller go on."""
+    if fail:
+        raise DataLossError(message + _ADVICE)
+    log.warning("%s; going on (failOnDataLoss=false)", message)
 
 
 @dataclass(frozen=True)
 class Seal:
-    """The contents of a partition's ``SEALED`` marker."""
+    """The contents of a partition's ``SEALED`` marker (``topic`` "" in seals written before a
+    query could read several topics: the query's one topic)."""
 
     segments: tuple[str, ...]
     rows: int
     nsqd: str
+    topic: str = ""
 
 
 class WAL:
     """Access to one ``walLocation``. Cheap to create; holds no open files."""
 
-    def __init__(self, root: str, *, fsync: bool = True) -> None:
+    def __init__(self, root: str, *, fsync: bool = True, fail_on_data_loss: bool = True) -> None:
         self.root = root
         self.fsync = fsync
+        self.fail_on_data_loss = fail_on_data_loss
+
+    def lost(self, what: str) -> None:
+        """Report lost or damaged log data: raise, or log and go on (``failOnDataLoss``)."""
+        report_loss(f"nsq write-ahead log {self.root}: {what}", self.fail_on_data_loss)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def start_run(self, run: str) -> None:
+        """Mark ``run`` as started (before its first batch is planned), durably."""
+        rdir = os.path.join(self.root, run)
+        if os.path.exists(os.path.join(rdir, RUN)):
+            return
+        os.makedirs(rdir, exist_ok=True)
+        self._write_file(os.path.join(rdir, RUN), b"")
+        self._sync_dir(rdir)
+        self._sync_dir(self.root)
+
+    def check_run(self, run: str) -> None:
+        """A run that planned batches must still have its log; else report the loss and mark
+        the run started again."""
+        if os.path.exists(os.path.join(self.root, run, RUN)):
+            return
+        self.lost(f"the log of run {run} is gone (deleted, or another walLocation)")
+        self.start_run(run)
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -114,12 +165,12 @@ class WAL:
         os.rename(tmp, os.path.join(pdir, name))
         return name
 
-    def seal(self, pdir: str, segments: list[str], rows: int, nsqd: str) -> bool:
+    def seal(self, pdir: str, segments: list[str], rows: int, nsqd: str, topic: str = "") -> bool:
         """Create ``SEALED`` (the partition is exactly ``segments``) unless it exists; True if
         this call created it."""
         os.makedirs(pdir, exist_ok=True)
         tmp = os.path.join(pdir, f".seal-{uuid.uuid4().hex}.tmp")
-        body = {"v": 1, "segments": segments, "rows": rows, "nsqd": nsqd}
+        body = {"v": 1, "segments": segments, "rows": rows, "nsqd": nsqd, "topic": topic}
         self._write_file(tmp, json.dumps(body).encode())
         try:
             os.link(tmp, os.path.join(pdir, SEALED))
@@ -140,13 +191,26 @@ class WAL:
     # -- reading ----------------------------------------------------------------------------
 
     def read_seal(self, pdir: str) -> Seal | None:
+        """The partition's seal; None if it has none. A damaged seal is :meth:`lost` (going
+        on, the partition replays as empty: its seal exists, so it is never read again), as is
+        a partition whose FINs were confirmed but whose seal is gone (going on, it is read)."""
         try:
             with open(os.path.join(pdir, SEALED), "rb") as f:
                 data = json.load(f)
+            segments = tuple(str(s) for s in data.get("segments") or ())
+            return Seal(
+                segments,
+                int(data.get("rows", 0)),
+                str(data.get("nsqd", "")),
+                str(data.get("topic", "")),
+            )
         except FileNotFoundError:
+            if os.path.exists(os.path.join(pdir, FINNED)):
+                self.lost(f"{pdir}: FIN'd messages whose seal is gone")
             return None
-        segments = tuple(str(s) for s in data.get("segments") or ())
-        return Seal(segments, int(data.get("rows", 0)), str(data.get("nsqd", "")))
+        except (ValueError, TypeError, AttributeError) as err:
+            self.lost(f"{pdir}: a damaged seal ({err})")
+            return Seal((), 0, "")
 
     def replay(
         self,
@@ -156,25 +220,43 @@ class WAL:
         channel: str,
         columns: tuple[str, ...] | None = None,
     ) -> Iterator[Any]:
-        """The sealed rows of a partition, exactly as first read (``columns`` of them)."""
-        for batch in self._segments(pdir, seal):
-            yield with_constants(batch, topic, channel, seal.nsqd, columns)
+        """The sealed rows of a partition, exactly as first read (``columns`` of them).
+
+        A missing or unreadable segment, or fewer rows than sealed, is :meth:`lost`: the
+        rows that are left are replayed."""
+        rows = 0
+        for name in seal.segments:
+            try:
+                batches = list(self._read_segment(pdir, name))
+            except (OSError, pa.ArrowInvalid) as err:
+                self.lost(f"{pdir}: sealed segment {name} cannot be read ({err})")
+                continue
+            for batch in batches:
+                rows += batch.num_rows
+                yield with_constants(batch, topic, channel, seal.nsqd, columns)
+        if rows != seal.rows:
+            self.lost(f"{pdir}: {rows} rows where {seal.rows} were sealed")
+
+    def _read_segment(self, pdir: str, name: str) -> Iterator[Any]:
+        with pa.memory_map(os.path.join(pdir, name), "r") as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
 
     def _segments(self, pdir: str, seal: Seal) -> Iterator[Any]:
         for segment in seal.segments:
-            with pa.memory_map(os.path.join(pdir, segment), "r") as source:
-                reader = pa.ipc.open_file(source)
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
+            yield from self._read_segment(pdir, segment)
 
-    def sealed_counts(self, run: str, batch: int) -> dict[str, int]:
-        """Rows read per nsqd by the sealed partitions of one batch."""
-        counts: dict[str, int] = {}
+    def sealed_counts(self, run: str, batch: int, topic: str = "") -> dict[tuple[str, str], int]:
+        """Rows read per (topic, nsqd) by the sealed partitions of one batch (``topic``: for
+        seals that name none)."""
+        counts: dict[tuple[str, str], int] = {}
         bdir = os.path.join(self.root, run, str(batch))
         for name in _listdir(bdir):
             seal = self.read_seal(os.path.join(bdir, name))
             if seal is not None:
-                counts[seal.nsqd] = counts.get(seal.nsqd, 0) + seal.rows
+                key = (seal.topic or topic, seal.nsqd)
+                counts[key] = counts.get(key, 0) + seal.rows
         return counts
 
     def _segment_ids(self, pdir: str, seal: Seal) -> list[bytes]:
@@ -186,21 +268,22 @@ class WAL:
             pass  # a partition being garbage collected; its ids were moved first
         return ids
 
-    def _partition_unconfirmed(self, pdir: str) -> tuple[str, list[bytes]] | None:
-        """The nsqd and the unconfirmed ids of one partition, if any."""
+    def _partition_unconfirmed(self, pdir: str) -> tuple[str, str, list[bytes]] | None:
+        """The nsqd, topic and unconfirmed ids of one partition, if any."""
         seal = self.read_seal(pdir)
         if seal is None:
             return None
         try:
             with open(os.path.join(pdir, FINNED), "rb") as f:
                 failed = [str(i).encode("ascii") for i in json.load(f).get("failed") or []]
-            return (seal.nsqd, failed) if failed else None
+            return (seal.nsqd, seal.topic, failed) if failed else None
         except FileNotFoundError:
             ids = self._segment_ids(pdir, seal)
-            return (seal.nsqd, ids) if ids else None
+            return (seal.nsqd, seal.topic, ids) if ids else None
 
     def unconfirmed(self) -> set[UnconfirmedKey]:
-        """Every ``(nsqd, id)`` that is in the log but whose FIN was not confirmed."""
+        """Every ``(nsqd, topic, id)`` that is in the log but whose FIN was not confirmed
+        (topic "": logged before seals named their topic)."""
         keys: set[UnconfirmedKey] = set()
         udir = os.path.join(self.root, UNCONFIRMED)
         for name in _listdir(udir):
@@ -209,20 +292,25 @@ class WAL:
             try:
                 with open(os.path.join(udir, name), "rb") as f:
                     data = json.load(f)
-            except (FileNotFoundError, ValueError):
+            except FileNotFoundError:
                 continue
-            nsqd = str(data.get("nsqd", ""))
-            keys.update((nsqd, str(i).encode("ascii")) for i in data.get("ids") or [])
+            except ValueError as err:
+                self.lost(f"unconfirmed/{name} is damaged ({err}): redeliveries may repeat")
+                continue
+            nsqd, topic = str(data.get("nsqd", "")), str(data.get("topic", ""))
+            keys.update((nsqd, topic, str(i).encode("ascii")) for i in data.get("ids") or [])
         for run in _listdir(self.root):
             if run == UNCONFIRMED:
                 continue
             rdir = os.path.join(self.root, run)
             for batch in _listdir(rdir):
+                if not batch.isdigit():
+                    continue
                 bdir = os.path.join(rdir, batch)
                 for index in _listdir(bdir):
                     found = self._partition_unconfirmed(os.path.join(bdir, index))
                     if found is not None:
-                        keys.update((found[0], i) for i in found[1])
+                        keys.update((found[0], found[1], i) for i in found[2])
         return keys
 
     # -- garbage collection -----------------------------------------------------------------
@@ -283,10 +371,10 @@ class WAL:
             return
         os.makedirs(udir, exist_ok=True)
         tmp = os.path.join(udir, f".{uuid.uuid4().hex}.tmp")
-        body = {"nsqd": found[0], "ids": [i.decode("ascii") for i in found[1]]}
+        body = {"nsqd": found[0], "topic": found[1], "ids": [i.decode("ascii") for i in found[2]]}
         self._write_file(tmp, json.dumps(body).encode())
         os.rename(tmp, target)
-        log.info("nsq wal: %d unconfirmed ids of %s/%s/%s kept", len(found[1]), run, batch, index)
+        log.info("nsq wal: %d unconfirmed ids of %s/%s/%s kept", len(found[2]), run, batch, index)
 
     def _expire_unconfirmed(self, retention: float) -> None:
         udir = os.path.join(self.root, UNCONFIRMED)

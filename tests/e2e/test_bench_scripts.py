@@ -637,7 +637,7 @@ def test_spark() -> None:
         )
     }
     warm_ups = ["warm-up", "warm-up-nsq-schema"]
-    counted = ["noop", "nsq", "noop-nsq-schema", "nsq-id-body", "noop-again"]
+    counted = ["noop", "nsq", "nsq-multi", "noop-nsq-schema", "nsq-id-body", "noop-again"]
     assert sorted(runs) == sorted(warm_ups + counted), result.tail()
     assert all(rate > 0 for rate in runs.values()), runs
     m = result.one(
@@ -656,3 +656,7 @@ def test_spark() -> None:
             rf"^RESULT sink \({kind}\): nsq ([\d,]+) msgs/s; no-op sink ([\d,]+) msgs/s$", out
         )
         assert number(m.group(1)) > 0 and number(m.group(2)) > 0
+
+
+# bench/soak.py's run (one minute: it is about growth) is tests/faults/test_soak.py.
+COVERED["soak.py"] = {"ours"}

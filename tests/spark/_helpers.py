@@ -94,12 +94,13 @@ def lookup_count(lookupd_http: str, topic: str) -> int:
 
 
 def nsq_stream(spark: Any, cluster: Cluster, topic: str, wal: Path, **options: object) -> Any:
-    """``spark.readStream.format("nsq")`` on the first nsqd of ``cluster``, channel "spark"."""
+    """``spark.readStream.format("nsq")`` on the first nsqd of ``cluster``, channel "spark"
+    (``topic`` is the option ``topics`` when it has a comma)."""
     reader = (
         spark.readStream.format("nsq")
         .option("nsqdTCPAddresses", cluster.tcp())
         .option("nsqdHTTPAddresses", cluster.http())
-        .option("topic", topic)
+        .option("topics" if "," in topic else "topic", topic)
         .option("channel", "spark")
         .option("walLocation", str(wal))
     )

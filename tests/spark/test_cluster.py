@@ -39,22 +39,30 @@ pytestmark = pytest.mark.timeout(300)
 def _assert_exactly_once(spark: Any, out: Path, n: int, context: object) -> None:
     df = spark.read.parquet(str(out))
     rows = df.count()
-    distinct = df.select("id", "nsqd").distinct().count()
-    bodies = df.select("body").distinct().count()
+    distinct = df.select("topic", "id", "nsqd").distinct().count()
+    bodies = df.select("topic", "body").distinct().count()
     assert (rows, distinct, bodies) == (n, n, n), context
 
 
 def test_executor_killed_mid_batch(
     cluster_spark: Any, standalone: StandaloneCluster, cluster: Cluster, topic: str, tmp_path: Path
 ) -> None:
-    """SIGKILL of one executor JVM while a read task holds messages: Spark retries its tasks on
-    the other executor, the worker starts a replacement, the dead task's messages come back from
-    nsqd after msgTimeout; the parquet output has every message exactly once."""
+    """SIGKILL of one executor JVM while a read task holds messages, in a query that reads two
+    topics: Spark retries its tasks on the other executor, the worker starts a replacement, the
+    dead task's messages come back from nsqd after msgTimeout; the parquet output has every
+    message of both topics exactly once, each row with its topic."""
     n = 40_000
-    create_channel(cluster.http(), topic, "spark")
-    publish(cluster.tcp(), topic, numbered(n, size=100))
+    topics = [topic, f"{topic}_2"]
+    for name, prefix in zip(topics, ("a", "b"), strict=True):
+        create_channel(cluster.http(), name, "spark")
+        publish(cluster.tcp(), name, numbered(n // 2, prefix, size=100))
     df = nsq_stream(
-        cluster_spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=5000, msgTimeout="3s"
+        cluster_spark,
+        cluster,
+        ",".join(topics),
+        tmp_path / "wal",
+        maxMessagesPerTrigger=5000,
+        msgTimeout="3s",
     )
     query = to_parquet(df, tmp_path, processingTime="200 milliseconds")
     try:
@@ -65,7 +73,7 @@ def test_executor_killed_mid_batch(
             "a read task with messages in flight",
             lambda: (
                 channel_stats(cluster.http(), topic, "spark")["in_flight_count"] > 0
-                and channel_stats(cluster.http(), topic, "spark")["depth"] < n
+                and channel_stats(cluster.http(), topic, "spark")["depth"] < n // 2
             ),
             120,
             0.02,
@@ -84,13 +92,18 @@ def test_executor_killed_mid_batch(
         while stable < 2:  # nothing ready, in flight or deferred, twice msgTimeout apart
             assert time.monotonic() < deadline, f"not drained: {killed_at}"
             assert query.exception() is None, query.exception()
-            stable = stable + 1 if drained(cluster.http(), topic, "spark") else 0
+            done = all(drained(cluster.http(), t, "spark") for t in topics)
+            stable = stable + 1 if done else 0
             time.sleep(3.2)
         query.processAllAvailable()
     finally:
         query.stop()
     print(f"channel when the executor was killed: {killed_at}")
     _assert_exactly_once(cluster_spark, tmp_path / "out", n, killed_at)
+    out = cluster_spark.read.parquet(str(tmp_path / "out"))
+    per_topic = {r["topic"]: r["count"] for r in out.groupBy("topic").count().collect()}
+    assert per_topic == {t: n // 2 for t in topics}
+    assert out.filter(f"topic = '{topic}' AND CAST(body AS STRING) NOT LIKE 'a-%'").count() == 0
 
 
 def test_available_now_takes_the_topic_backlog(

@@ -15,27 +15,45 @@ from nsqpy.spark._offsets import (
 
 
 def test_offset_json_round_trip() -> None:
-    offset = Offset("r1", 3, {"b:2": (5, 5), "a:1": (7,)})
+    offset = Offset("r1", 3, {("t", "b:2"): (5, 5), ("t", "a:1"): (7,), ("s", "a:1"): (1,)})
     data = offset.to_json()
-    assert data == {"v": 1, "run": "r1", "batch": 3, "q": {"a:1": [7], "b:2": [5, 5]}}
+    assert data == {
+        "v": 2,
+        "run": "r1",
+        "batch": 3,
+        "q": {"s": {"a:1": [1]}, "t": {"a:1": [7], "b:2": [5, 5]}},
+    }
     assert Offset.from_json(data) == offset
-    assert offset.total == 17
+    assert offset.total == 18
+
+
+def test_version_1_offsets_are_for_the_query_topic() -> None:
+    """Checkpoints written before a query could read several topics still replay."""
+    old = {"v": 1, "run": "r1", "batch": 3, "q": {"a:1": [7], "b:2": [5, 5]}}
+    assert Offset.from_json(old, "t") == Offset("r1", 3, {("t", "a:1"): (7,), ("t", "b:2"): (5, 5)})
+    plans = partitions_between({**old, "batch": 2, "q": {}}, old, "t", "c")
+    assert [(p.topic, p.nsqd, p.quota) for p in plans] == [
+        ("t", "a:1", 7),
+        ("t", "b:2", 5),
+        ("t", "b:2", 5),
+    ]
 
 
 def test_partitions_between_is_a_pure_function_of_the_offsets() -> None:
-    start = Offset("r", 4, {"x:1": (9,)}).to_json()
-    end = Offset("r", 5, {"b:2": (3, 4), "a:1": (10,)}).to_json()
-    plans = partitions_between(start, end, "t", "c")
-    assert plans == partitions_between(dict(start), dict(end), "t", "c")
+    start = Offset("r", 4, {("t", "x:1"): (9,)}).to_json()
+    end = Offset("r", 5, {("t", "b:2"): (3, 4), ("t", "a:1"): (10,), ("s", "b:2"): (2,)}).to_json()
+    plans = partitions_between(start, end, "", "c")
+    assert plans == partitions_between(dict(start), dict(end), "", "c")
     assert plans == [
-        PartitionPlan("r", 5, 0, "a:1", 10, "t", "c"),
-        PartitionPlan("r", 5, 1, "b:2", 3, "t", "c"),
-        PartitionPlan("r", 5, 2, "b:2", 4, "t", "c"),
+        PartitionPlan("r", 5, 0, "b:2", 2, "s", "c"),
+        PartitionPlan("r", 5, 1, "a:1", 10, "t", "c"),
+        PartitionPlan("r", 5, 2, "b:2", 3, "t", "c"),
+        PartitionPlan("r", 5, 3, "b:2", 4, "t", "c"),
     ]
 
 
 def test_empty_range_has_no_partitions() -> None:
-    offset = Offset("r", 2, {"a:1": (10,)}).to_json()
+    offset = Offset("r", 2, {("t", "a:1"): (10,)}).to_json()
     assert partitions_between(offset, offset, "t", "c") == []
 
 

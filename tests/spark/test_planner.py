@@ -29,9 +29,10 @@ def _planner(
     )
     planner = _Planner(options)
 
-    def fake_depths(fresh: bool = False) -> dict[str, Backlog | None]:
-        planner._depths = (0.0, dict(depths))
-        return dict(depths)
+    def fake_depths(fresh: bool = False) -> dict[tuple[str, str], Backlog | None]:
+        per_source = {("t", a): d for a, d in depths.items()}
+        planner._depths = (0.0, per_source)
+        return dict(per_source)
 
     monkeypatch.setattr(planner, "depths", fake_depths)
     return planner
@@ -41,8 +42,9 @@ def _read(tmp_path: Path, offset: dict[str, object], rows: dict[str, int]) -> No
     """Pretend the batch of ``offset`` ran and read ``rows`` per nsqd."""
     o = Offset.from_json(offset)
     wal = WAL(str(tmp_path))
-    for i, address in enumerate(sorted(o.quotas)):
-        assert wal.seal(wal.partition_dir(o.run, o.batch, i), [], rows.get(address, 0), address)
+    for i, (topic, address) in enumerate(sorted(o.quotas)):
+        pdir = wal.partition_dir(o.run, o.batch, i)
+        assert wal.seal(pdir, [], rows.get(address, 0), address, topic)
 
 
 def test_no_data_no_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +57,7 @@ def test_read_limit_split_by_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     planner = _planner(tmp_path, monkeypatch, {"a:1": Backlog(3000), "b:2": Backlog(1000)})
     end = Offset.from_json(planner.latest_offset(planner.initial_offset(), ReadMaxRows(1000)))
     assert end.batch == 1
-    assert {a: sum(q) for a, q in end.quotas.items()} == {"a:1": 750, "b:2": 250}
+    assert {a: sum(q) for (_, a), q in end.quotas.items()} == {"a:1": 750, "b:2": 250}
     everything = planner.latest_offset(planner.initial_offset(), ReadAllAvailable())
     assert Offset.from_json(everything).total == 4000
 
@@ -70,7 +72,7 @@ def test_available_now_stops_at_the_snapshot(
     depths["a:1"] = Backlog(5000)  # published after the query started: not for this run
     depths["c:3"] = Backlog(800)  # an nsqd that appeared since: not for this run either
     first = planner.latest_offset(start, ReadMaxRows(1000))
-    assert Offset.from_json(first).quotas == {"a:1": (500, 500)}
+    assert Offset.from_json(first).quotas == {("t", "a:1"): (500, 500)}
     _read(tmp_path, first, {"a:1": 1000})
     second = planner.latest_offset(first, ReadMaxRows(1000))
     assert Offset.from_json(second).total == 500

@@ -50,7 +50,7 @@ def test_segment_seal_replay(tmp_path: Path) -> None:
     )
     replayed = list(wal.replay(pdir, seal, "t", "c"))
     assert len(replayed) == 2 and replayed[0].equals(batch)
-    assert wal.sealed_counts("r", 1) == {"n:1": 7}
+    assert wal.sealed_counts("r", 1, "t") == {("t", "n:1"): 7}
     assert not [n for n in os.listdir(pdir) if n.endswith(".tmp")]
 
 
@@ -76,7 +76,7 @@ def test_unconfirmed_ids_and_garbage_collection(tmp_path: Path) -> None:
     wal.seal(p2, [wal.write_segment(p2, _batch(_ids(2, "b")))], 2, "n:1")
     p3 = wal.partition_dir("r", 3, 0)
     wal.write_segment(p3, _batch(_ids(2, "c")))
-    expected = {("n:1", _ids(3, "a")[1])} | {("n:1", i) for i in _ids(2, "b")}
+    expected = {("n:1", "", _ids(3, "a")[1])} | {("n:1", "", i) for i in _ids(2, "b")}
     assert wal.unconfirmed() == expected
 
     wal.collect_garbage("r", 2, retention=3600)
