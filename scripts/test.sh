@@ -44,8 +44,27 @@ echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
 ran=("3.11 ($([ $# -eq 0 ] && echo "whole suite" || echo "$*"))")
-failed=""        # "<version> (exit <rc>), ..." of the failed subsets
+failed=""        # "<label> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
+
+# run_subset LABEL COMMAND...: run one subset's pytest, noting a failure (the 3.11 run's own
+# summary line stays the last line printed).
+run_subset() {
+  local label="$1" log rc
+  shift
+  log="$(mktemp)"
+  set +e
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  ran+=("$label")
+  if [ "$rc" -ne 0 ]; then
+    failed="${failed:+$failed, }$label (exit $rc)"
+    failed_summary="$(tail -n 1 "$log")"
+  fi
+  rm -f "$log"
+}
+
 if [ $# -eq 0 ]; then
   for version in 3.12 3.13; do
     python="$(find_python "$version")"
@@ -56,19 +75,34 @@ if [ $# -eq 0 ]; then
     venv="$PWD/.venv-$version"
     UV_PROJECT_ENVIRONMENT="$venv" "${UV[@]}" sync --frozen --quiet --python "$python"
     echo "== pytest on python $version ($python): fast subset"
-    log="$(mktemp)"
-    set +e
-    PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
-      "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-    set -e
-    ran+=("$version (fast subset)")
-    if [ "$rc" -ne 0 ]; then
-      failed="${failed:+$failed, }$version (exit $rc)"
-      failed_summary="$(tail -n 1 "$log")"
-    fi
-    rm -f "$log"
+    run_subset "$version (fast subset)" \
+      env PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
+      "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}"
   done
+
+  # The wheel and sdist, built once (hatch_build.py compiles nsqd's hot modules with mypyc
+  # from the same source), and the wheel installed alone in .venv-wheel: the protocol and
+  # differential tests run against its servers as well (NSQPY_SERVER_PYTHON), and
+  # tests/e2e/test_wheel.py checks what was built (NSQPY_DIST).
+  echo "== building the sdist and the wheel (mypyc), installing the wheel into .venv-wheel"
+  rm -rf dist/test .venv-wheel
+  "${UV[@]}" build --quiet --python "$PWD/.venv/bin/python" --out-dir dist/test
+  "${UV[@]}" venv --quiet --python "$PWD/.venv/bin/python" .venv-wheel
+  "${UV[@]}" pip install --quiet --compile-bytecode --python .venv-wheel/bin/python \
+    dist/test/nsqpy-*.whl
+  export NSQPY_DIST="$PWD/dist/test"
+  COMPILED_SUBSET=(
+    tests/differential
+    tests/e2e/test_protocol_errors.py
+    tests/e2e/test_tls.py
+    tests/e2e/test_compression.py
+    tests/e2e/test_delivery.py
+    tests/e2e/test_durability.py
+  )
+  echo "== pytest against the compiled wheel's nsqd: ${COMPILED_SUBSET[*]}"
+  run_subset "the compiled wheel" \
+    env NSQPY_SERVER_PYTHON="$PWD/.venv-wheel/bin/python" \
+    .venv/bin/python -m "${PYTEST[@]}" -n 2 "${COMPILED_SUBSET[@]}"
 fi
 
 echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
@@ -82,7 +116,7 @@ rc=$?
 set -e
 if [ -n "$failed" ]; then
   # the last line stays a pytest summary line: the failed version's
-  echo "== the fast subset failed on python $failed:"
+  echo "== failed besides the 3.11 run: $failed:"
   echo "$failed_summary"
   exit $(( rc != 0 ? rc : 1 ))
 fi

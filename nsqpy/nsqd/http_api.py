@@ -571,8 +571,8 @@ class NSQDHTTPServer:
                 policy = book.get(topic_name, channel_name).updated(
                     body, topic_name, channel=channel_name is not None
                 )
-            except PolicyError as err:
-                raise HTTPError(400, str(err)) from None
+            except PolicyError as refused:
+                raise HTTPError(400, str(refused)) from None
         else:
             policy = Policy()
         if self.nsqd.exiting:

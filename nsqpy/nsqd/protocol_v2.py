@@ -275,8 +275,8 @@ class ClientV2(asyncio.Protocol):
                     break  # take_publish's command: nothing else is buffered
             self._in_batch = False
             self._end_batch()
-        except ConnectionFailure as err:
-            self.nsqd.logger.error(f"[{self}] - {err}")
+        except ConnectionFailure as failure:
+            self.nsqd.logger.error(f"[{self}] - {failure}")
             self._close_after_flush()
         except _Suspend as suspend:
             self._in_batch = False
@@ -349,16 +349,16 @@ class ClientV2(asyncio.Protocol):
             self._suspended = None
             self._fail(err)
             return
-        except ConnectionFailure as err:  # the connection is gone (a failed TLS handshake)
+        except ConnectionFailure as failure:  # the connection is gone (a failed TLS handshake)
             self._suspended = None
-            self.nsqd.logger.error(f"[{self}] - {err}")
+            self.nsqd.logger.error(f"[{self}] - {failure}")
             self._closed = True
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.close()
             return
-        except Exception as err:  # a bug: do not leave the connection hanging
+        except Exception as bug:  # a bug: do not leave the connection hanging
             self._suspended = None
-            self.nsqd.logger.error(f"[{self}] - {err!r}")
+            self.nsqd.logger.error(f"[{self}] - {bug!r}")
             self._close_after_flush()
             return
         self._suspended = None
@@ -782,7 +782,7 @@ class ClientV2(asyncio.Protocol):
 
     def _set_heartbeat_interval(self, ms: int) -> None:
         if ms == -1:
-            self.heartbeat_interval = 0
+            self.heartbeat_interval = 0.0
         elif ms == 0:
             return
         elif 1000 <= ms <= self.nsqd.opts.max_heartbeat_interval * 1000:
@@ -794,7 +794,7 @@ class ClientV2(asyncio.Protocol):
     def _set_output_buffer(self, size: int, timeout_ms: int) -> None:
         opts = self.nsqd.opts
         if timeout_ms == -1:
-            self.output_buffer_timeout = 0
+            self.output_buffer_timeout = 0.0
         elif timeout_ms == 0:
             pass
         elif (
@@ -807,7 +807,7 @@ class ClientV2(asyncio.Protocol):
             raise ValueError(f"output buffer timeout ({timeout_ms}) is invalid")
         if size == -1:
             self.output_buffer_size = 1
-            self.output_buffer_timeout = 0
+            self.output_buffer_timeout = 0.0
         elif size == 0:
             pass
         elif 64 <= size <= opts.max_output_buffer_size:
@@ -1079,7 +1079,9 @@ class _IdentifyFields:
     __slots__ = ("_data",)
 
     def __init__(self, data: dict[str, Any]) -> None:
-        folded = {k.lower(): v for k, v in reversed(list(data.items()))}
+        pairs = list(data.items())
+        pairs.reverse()  # (not reversed(list(...)): mypyc cannot compile that here)
+        folded = {k.lower(): v for k, v in pairs}
         # exact-case keys win over case-insensitive ones, as in Go
         folded.update({k: v for k, v in data.items() if k == k.lower()})
         for key, value in folded.items():

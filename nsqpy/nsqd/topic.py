@@ -284,8 +284,8 @@ class Topic:
         for payload in payloads:
             try:
                 out.append(self._redeferred(from_payload(payload)))
-            except ValueError as err:
-                self._nsqd.logf_error(f"TOPIC({self.name}): failed to decode message - {err}")
+            except ValueError as bad:
+                self._nsqd.logf_error(f"TOPIC({self.name}): failed to decode message - {bad}")
         return out
 
     # -- what message policies do to the backlog (policy.py) -----------------------------------

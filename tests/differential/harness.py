@@ -24,6 +24,7 @@ import pytest
 
 from nsqpy.testing import NSQD, NSQLookupd
 from nsqpy.testing._process import flag_args
+from tests.support.procs import server_python
 
 # -- where the Go binaries are ----------------------------------------------------------------
 
@@ -88,9 +89,14 @@ NSQD_FLAGS: dict[str, object] = {
 
 
 class PyNSQD(NSQD):
-    """nsqpy's nsqd, ready once both its TCP and HTTP listeners have logged."""
+    """nsqpy's nsqd, ready once both its TCP and HTTP listeners have logged; run by
+    NSQPY_SERVER_PYTHON when set (the compiled wheel's venv, tests/support/procs.py)."""
 
     ready = ("tcp", "http")
+
+    @property
+    def argv(self) -> list[str]:
+        return [server_python(), "-P", *super().argv[1:]]
 
 
 class GoNSQD(NSQD):

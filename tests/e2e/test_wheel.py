@@ -3,18 +3,26 @@ of this repository on the path, then run its console scripts as a user would.
 
 ``NSQPY_UV`` may name the uv command (scripts/test.sh sets it); otherwise ``uv`` on PATH,
 else ``python3 -m uv``. Dependencies come from uv's cache, or PyPI for what is missing.
+``NSQPY_DIST`` may name a directory where this interpreter's sdist and wheel are already
+built (scripts/test.sh builds them once for the 3.11 run).
+
+The wheel is built from the sdist with nsqd's hot modules compiled by mypyc
+(hatch_build.py); where no compiler is at hand it is the pure-Python wheel instead.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tomllib
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -49,13 +57,56 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv (this interpreter's version) with only the built wheel in it."""
     tmp = tmp_path_factory.mktemp("wheel")
     uv = _uv()
-    _run(*uv, "build", "--quiet", "--out-dir", tmp / "dist", ROOT, cwd=tmp)
-    built = sorted(p.name for p in (tmp / "dist").iterdir() if p.name.startswith("nsqpy-"))
+    dist = Path(os.environ.get("NSQPY_DIST") or tmp / "dist")
+    if not os.environ.get("NSQPY_DIST"):
+        _run(*uv, "build", "--quiet", "--python", sys.executable, "--out-dir", dist, ROOT, cwd=tmp)
+    built = sorted(p.name for p in dist.iterdir() if p.name.startswith("nsqpy-"))
     assert len(built) == 2 and built[0].endswith(".whl") and built[1].endswith(".tar.gz"), built
     _run(*uv, "venv", "--quiet", "--python", sys.executable, tmp / "venv", cwd=tmp)
-    wheel = tmp / "dist" / built[0]
+    wheel = dist / built[0]
     _run(*uv, "pip", "install", "--quiet", "--python", tmp / "venv/bin/python", wheel, cwd=tmp)
     return tmp / "venv"
+
+
+def _compiled_modules() -> list[str]:
+    """hatch_build.py's COMPILED, as module names."""
+    source = (ROOT / "hatch_build.py").read_text()
+    paths = re.findall(r'"(nsqpy/[\w/]+)\.py"', source.split("COMPILED = [", 1)[1].split("]", 1)[0])
+    assert paths
+    return [p.replace("/", ".") for p in paths]
+
+
+def test_wheel_runs_nsqd_compiled(venv: Path) -> None:
+    """Every module of COMPILED is imported from its C extension, where a compiler is at
+    hand (in CI always: a pure-Python wheel there is a failure)."""
+    modules = _compiled_modules()
+    code = f"import importlib; print([importlib.import_module(m).__file__ for m in {modules!r}])"
+    files = ast.literal_eval(_run(venv / "bin/python", "-P", "-c", code, cwd=venv.parent))
+    compiled = [f for f in files if f.endswith(".so")]
+    if not compiled and not os.environ.get("CI") and not shutil.which("cc"):
+        pytest.skip("no C compiler here: the wheel is the pure-Python one")
+    assert compiled == files, files
+
+
+def test_a_failed_compile_builds_the_pure_wheel(tmp_path: Path) -> None:
+    """No compiler (CC that fails): the build says so and makes the pure-Python wheel; an
+    install from the sdist never fails for want of one."""
+    env_cc = {"CC": "false", "NSQPY_PURE_PYTHON": ""}
+    proc = subprocess.run(
+        [*_uv(), "build", "--wheel", "--python", sys.executable, "--out-dir", tmp_path, ROOT],
+        cwd=tmp_path,
+        env={**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, **env_cc},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "compiling with mypyc failed" in proc.stderr + proc.stdout
+    (wheel,) = tmp_path.glob("nsqpy-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    with zipfile.ZipFile(wheel) as archive:
+        assert not [n for n in archive.namelist() if n.endswith(".so")]
+        assert "nsqpy/nsqd/protocol_v2.py" in archive.namelist()
 
 
 def _server(venv: Path, name: str, *args: str, ready: tuple[str, ...]) -> ServerProcess:
@@ -141,7 +192,7 @@ def test_wheel_spark_extra(venv: Path) -> None:
          *_locked("pyspark", "py4j", "pyarrow")],
         cwd=venv.parent, capture_output=True, check=False, timeout=120,
     )  # fmt: skip
-    wheel = next((venv.parent / "dist").glob("nsqpy-*.whl"))
+    wheel = next(Path(os.environ.get("NSQPY_DIST") or venv.parent / "dist").glob("nsqpy-*.whl"))
     _run(
         *_uv(), "pip", "install", "--quiet", "--python", python, f"{wheel}[spark]", cwd=venv.parent
     )

@@ -9,6 +9,7 @@ nsqd with flags can use nsqpy.testing's fixtures directly.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -58,6 +59,14 @@ def _nsqd_default_args(data_path: Path) -> list[str]:
 NSQD = ServerSpec(name="nsqd", module="nsqpy.nsqd", default_args=_nsqd_default_args)
 
 
+def server_python() -> str:
+    """The interpreter that runs the servers: this one, or NSQPY_SERVER_PYTHON's, a venv with
+    the built (mypyc-compiled) wheel installed, which scripts/test.sh runs the protocol and
+    differential tests against too. ``-P``: the working directory's nsqpy (a checkout) is
+    never imported in place of that interpreter's."""
+    return os.environ.get("NSQPY_SERVER_PYTHON") or sys.executable
+
+
 class ServerProcess(_ServerProcess):
     """One server process; use :func:`start_server` (or the pytest fixtures) to make one."""
 
@@ -72,7 +81,7 @@ class ServerProcess(_ServerProcess):
         self.spec = spec
         super().__init__(
             spec.name,
-            [sys.executable, "-u", "-m", spec.module, *args],
+            [server_python(), "-P", "-u", "-m", spec.module, *args],
             ready=spec.ready,
             patterns=spec.listen_patterns,
             env=env,
@@ -113,7 +122,7 @@ class RunResult:
 def run_once(spec: ServerSpec, args: Iterable[str], timeout: float = 15.0) -> RunResult:
     """Run the server's command to completion (``--version``, bad flags, ...)."""
     proc = subprocess.run(
-        [sys.executable, "-m", spec.module, *args],
+        [server_python(), "-P", "-m", spec.module, *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=timeout,
