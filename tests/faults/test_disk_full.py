@@ -244,11 +244,13 @@ def test_messages_returned_while_the_disk_is_full_are_kept(
         client.sub(TOPIC, "c")
         client.rdy(3)
         first, second, _third = client.read_messages(3, 5)
+        # RDY 0 first: a requeued message handed out again (RDY 3 would allow it) would time
+        # out as well, and the counts below would never match
+        client.rdy(0)
         filler = fill_up(path)
         client.req(first.id)  # back at once
         client.req(second.id, 200)  # deferred, due while the disk is still full
         # the third times out (--msg-timeout=1s)
-        client.rdy(0)
 
         def returned() -> bool:
             body = http("GET", f"{nsqd.url}/stats?format=json&topic={TOPIC}")[1]
