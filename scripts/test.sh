@@ -43,7 +43,7 @@ find_python() {
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
-ran=("3.11 ($([ $# -eq 0 ] && echo "whole suite" || echo "$*"))")
+ran=("3.11 ($([ $# -eq 0 ] && echo "browser, docs, faults, spark" || echo "$*"))")
 failed=""        # "<label> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
 
@@ -105,13 +105,24 @@ if [ $# -eq 0 ]; then
     .venv/bin/python -m "${PYTEST[@]}" -n 2 "${COMPILED_SUBSET[@]}"
 fi
 
-echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
-echo "== pytest on python 3.11: ${ran[0]#3.11 }"
 # Spark's Python workers must use this environment's interpreter (pyarrow), offline.
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
+WHOLE=("$@")
+if [ $# -eq 0 ]; then
+  # The whole suite on 3.11 in two runs: the tests that share nothing but free ports on two
+  # workers, then, one at a time, those that share a machine-wide resource (a Spark cluster,
+  # mounts and network namespaces, Chromium) or time themselves (the soak, the docs' bench
+  # commands).
+  echo "== pytest on python 3.11: unit, differential and end-to-end tests (2 workers)"
+  run_subset "3.11 (unit, differential, e2e)" \
+    .venv/bin/python -m "${PYTEST[@]}" -n 2 tests/unit tests/differential tests/e2e
+  WHOLE=(tests/browser tests/docs tests/faults tests/spark)
+fi
+echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
+echo "== pytest on python 3.11: ${WHOLE[*]:-the whole suite}"
 # pytest exits 5 when nothing was collected: a suite that ran no test has failed.
 set +e
-"${UV[@]}" run --frozen "${PYTEST[@]}" "$@"
+"${UV[@]}" run --frozen "${PYTEST[@]}" "${WHOLE[@]}"
 rc=$?
 set -e
 if [ -n "$failed" ]; then
