@@ -86,7 +86,7 @@ class Consumer:
     Connects to the ``nsqd_tcp_addresses`` (lost connections are reopened with back-off)
     and to the producers that the ``lookupd_http_addresses`` list for the topic, polled
     every ``lookupd_poll_interval``: new producers are joined, producers no longer listed
-    are left (gracefully, with CLS). Options:
+    (but still registered: tombstoned) are left (gracefully, with CLS). Options:
     :class:`~nsqpy.client._config.ConsumerOptions`.
     """
 
@@ -356,19 +356,37 @@ class Consumer:
             if address not in self._conns and address not in self._connecting:
                 self._spawn(self._connect_logged(address))
         if complete:
-            dropped = False
-            for address, conn in list(self._conns.items()):
-                if address not in found and address not in self._direct and not conn.closing:
-                    log.info(
-                        "%s(%s) no longer a producer of the topic, closing",
-                        self._prefix,
-                        address,
-                    )
-                    self._start_close(conn)
-                    dropped = True
-            if dropped:
-                for conn in self._active():
-                    self._maybe_update_rdy(conn)
+            unlisted = [
+                address
+                for address, conn in self._conns.items()
+                if address not in found and address not in self._direct and not conn.closing
+            ]
+            if unlisted:
+                self._spawn(self._leave_unlisted(unlisted))
+
+    async def _leave_unlisted(self, addresses: list[str]) -> None:
+        """Leave the producers nsqlookupd no longer lists for the topic, but only those it
+        still lists as active nodes (tombstoned there, or the topic deleted there).
+
+        One missing from ``/nodes`` too has only gone quiet for nsqlookupd: cut off from it
+        by a partition, or nsqlookupd restarted. Like go-nsq, which never leaves a producer,
+        the connection is kept: it is healthy, or its heartbeats will end it.
+        """
+        assert self._poller is not None
+        nodes = await self._poller.active_nodes()
+        if nodes is None or self._stopping:
+            return
+        dropped = False
+        for address in addresses:
+            conn = self._conns.get(address)
+            if conn is None or conn.closing or address not in nodes:
+                continue
+            log.info("%s(%s) no longer a producer of the topic, closing", self._prefix, address)
+            self._start_close(conn)
+            dropped = True
+        if dropped:
+            for conn in self._active():
+                self._maybe_update_rdy(conn)
 
     def _start_close(self, conn: Conn) -> None:
         """CLS: nsqd stops sending; close when nsqd said CLOSE_WAIT and nothing is in flight."""

@@ -15,7 +15,14 @@ from nsqpy.client._errors import NSQLookupdError
 if TYPE_CHECKING:
     import aiohttp  # imported when first used: it is slow to import
 
-__all__ = ["LookupdPoller", "http_get_json", "lookup", "lookup_url", "producer_tcp_address"]
+__all__ = [
+    "LookupdPoller",
+    "http_get_json",
+    "lookup",
+    "lookup_url",
+    "nodes_url",
+    "producer_tcp_address",
+]
 
 log = logging.getLogger("nsqpy.client")
 
@@ -30,6 +37,12 @@ def lookup_url(address: str, topic: str, path: str = "/lookup") -> str:
         raise ValueError(f"lookupd address {address!r} has no port")
     query = parts.query + ("&" if parts.query else "") + urlencode({"topic": topic})
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") or path, query, ""))
+
+
+def nodes_url(address: str) -> str:
+    """``/nodes`` of the nsqlookupd at ``address`` (``host:port`` or a URL)."""
+    parts = urlsplit(address if "://" in address else "http://" + address)
+    return urlunsplit((parts.scheme, parts.netloc, "/nodes", "", ""))
 
 
 def producer_tcp_address(peer: dict[str, Any]) -> str:
@@ -129,14 +142,17 @@ class LookupdPoller:
         """Poll now (e.g. a connection was lost) instead of at the next tick."""
         self._wake.set()
 
-    async def poll_once(self) -> tuple[set[str], bool]:
+    def _http(self) -> aiohttp.ClientSession:
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout)
             )
-        session = self._session
+        return self._session
+
+    async def poll_once(self) -> tuple[set[str], bool]:
+        session = self._http()
         results = await asyncio.gather(
             *(lookup(session, a, self.topic) for a in self.addresses), return_exceptions=True
         )
@@ -151,6 +167,21 @@ class LookupdPoller:
             else:
                 found.update(result)
         return found, complete
+
+    async def active_nodes(self) -> set[str] | None:
+        """The nsqd every nsqlookupd lists as active (``/nodes``, whatever their topics);
+        None when one of them could not be queried."""
+        session = self._http()
+        try:
+            replies = await asyncio.gather(
+                *(http_get_json(session, nodes_url(a)) for a in self.addresses)
+            )
+            return {
+                producer_tcp_address(p) for r in replies for p in (r or {}).get("producers") or []
+            }
+        except (NSQLookupdError, KeyError, TypeError, ValueError) as err:
+            log.error("%serror querying nsqlookupd nodes - %s", self._prefix, err)
+            return None
 
     async def _run(self, polled: bool) -> None:
         # The first query is immediate; like go-nsq, the periodic ones start after a random
