@@ -43,7 +43,7 @@ find_python() {
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
-ran=("3.11 ($([ $# -eq 0 ] && echo "browser, docs, faults, spark" || echo "$*"))")
+ran=("3.11 ($([ $# -eq 0 ] && echo "browser/docs/faults/spark" || echo "$*"))")
 failed=""        # "<label> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
 
@@ -114,7 +114,7 @@ if [ $# -eq 0 ]; then
   # mounts and network namespaces, Chromium) or time themselves (the soak, the docs' bench
   # commands).
   echo "== pytest on python 3.11: unit, differential and end-to-end tests (2 workers)"
-  run_subset "3.11 (unit, differential, e2e)" \
+  run_subset "3.11 (unit/differential/e2e)" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 tests/unit tests/differential tests/e2e
   WHOLE=(tests/browser tests/docs tests/faults tests/spark)
 fi
