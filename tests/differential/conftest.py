@@ -75,27 +75,26 @@ import pytest
 from tests.differential.harness import GoNSQLookupd, Pair, close_all, require_go, start_pair
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Pair]:
-    """Go's nsqd and nsqpy's, same flags, shared by the module's tests."""
+def _pair() -> Iterator[Pair]:
     require_go("nsqd")
     servers = start_pair()
     try:
         yield servers
     finally:
         close_all(servers.go, servers.py)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    """Go's nsqd and nsqpy's, same flags, shared by the module's tests."""
+    yield from _pair()
 
 
 @pytest.fixture
 def fresh_pair() -> Iterator[Pair]:
     """A pair for one test: for cases whose divergence would leave the module's servers
     in different states."""
-    require_go("nsqd")
-    servers = start_pair()
-    try:
-        yield servers
-    finally:
-        close_all(servers.go, servers.py)
+    yield from _pair()
 
 
 @pytest.fixture(scope="module")
