@@ -103,6 +103,20 @@ if [ $# -eq 0 ]; then
   run_subset "the compiled wheel" \
     env NSQPY_SERVER_PYTHON="$PWD/.venv-wheel/bin/python" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 "${COMPILED_SUBSET[@]}"
+  # nsqd --workers=2 (docs/SCALING.md), the compiled wheel's: the protocol, HTTP and
+  # differential tests, unchanged (tests/support/procs.py adds the flag to every nsqd).
+  WORKERS_SUBSET=(
+    tests/differential
+    tests/e2e/test_protocol_errors.py
+    tests/e2e/test_delivery.py
+    tests/e2e/test_http_api.py
+    tests/e2e/test_tls.py
+    tests/e2e/test_compression.py
+  )
+  echo "== pytest against nsqd --workers=2 (the compiled wheel's): ${WORKERS_SUBSET[*]}"
+  run_subset "nsqd --workers=2" \
+    env NSQPY_SERVER_PYTHON="$PWD/.venv-wheel/bin/python" NSQPY_NSQD_WORKERS=2 \
+    .venv/bin/python -m "${PYTEST[@]}" -n 2 "${WORKERS_SUBSET[@]}"
 fi
 
 # Spark's Python workers must use this environment's interpreter (pyarrow), offline.

@@ -88,11 +88,13 @@ def run_server(
     parse: Callable[[list[str]], ParseResult[S]],
     validate: Callable[[S], None],
     serve: Callable[[S, Logger], Coroutine[Any, Any, int]],
+    supervise: Callable[[S, Logger], int | None] | None = None,
 ) -> NoReturn:
     """The ``main`` of the server ``name``: exits with ``serve``'s status.
 
     An :class:`OptionsError` from ``validate`` is logged as Go's
-    ``failed to instantiate <name> - <err>`` and exits 1.
+    ``failed to instantiate <name> - <err>`` and exits 1. ``supervise``, if given, runs
+    first: a status from it is the exit status, without ``serve``.
     """
     opts = parse_or_exit(parse, argv, name).options
     logger = Logger(opts.log_prefix, Level(int(opts.log_level)))
@@ -101,6 +103,8 @@ def run_server(
     except OptionsError as err:
         logger.fatal(f"failed to instantiate {name} - {err}")
         sys.exit(1)
+    if supervise is not None and (status := supervise(opts, logger)) is not None:
+        sys.exit(status)  # the server ran as processes of its own (nsqd --workers)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         code = runner.run(serve(opts, logger))
     sys.exit(code)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Generator, Iterator
@@ -1135,6 +1136,18 @@ class HTTPServer:
         server = await loop.create_unix_server(
             lambda: HTTPConnection(self, ssl is not None), path, ssl=ssl, backlog=1024
         )
+        self._listeners.append(server)
+        return server.sockets[0].getsockname()
+
+    async def listen_socket(self, sock: Any, ssl: ssl.SSLContext | None = None) -> Any:
+        """Serve on ``sock``, a listening socket opened elsewhere (nsqd --workers shares
+        the supervisor's); its name."""
+        loop = asyncio.get_running_loop()
+        factory = lambda: HTTPConnection(self, ssl is not None)  # noqa: E731
+        if sock.family == socket.AF_UNIX:
+            server = await loop.create_unix_server(factory, sock=sock, ssl=ssl)
+        else:
+            server = await loop.create_server(factory, sock=sock, ssl=ssl)
         self._listeners.append(server)
         return server.sockets[0].getsockname()
 

@@ -40,7 +40,14 @@ from nsqpy.common.httpapi import (
     text_response,
     v1_response,
 )
-from nsqpy.common.httpserver import BodyError, BodyTooLarge, HTTPServer, Request, Response
+from nsqpy.common.httpserver import (
+    BodyError,
+    BodyTooLarge,
+    Headers,
+    HTTPServer,
+    Request,
+    Response,
+)
 from nsqpy.common.log import LogLevel
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd.backend import BackendError
@@ -49,6 +56,7 @@ from nsqpy.nsqd.policy import Policy, PolicyError
 from nsqpy.nsqd.protocol_v2 import until_started
 from nsqpy.nsqd.stats import (
     PROMETHEUS_CONTENT_TYPE,
+    Stats,
     format_prometheus,
     format_stats_text,
     get_stats,
@@ -127,15 +135,21 @@ class NSQDHTTPServer:
             self.https_address, self.https_port = await self._listen(
                 self.opts.https_address, tls_context
             )
-            self.logger.info(f"HTTPS: listening on {self.https_address}")
+            if self.server.worker is None:  # (else the supervisor logs it: workers.py)
+                self.logger.info(f"HTTPS: listening on {self.https_address}")
         self.address, self.port = await self._listen(self.opts.http_address, None)
-        self.logger.info(f"HTTP: listening on {self.address}")
+        if self.server.worker is None:
+            self.logger.info(f"HTTP: listening on {self.address}")
 
     async def _listen(self, address: str, tls: ssl.SSLContext | None) -> tuple[str, int]:
         """Open one listener; its address as logged, and its port (-1 for a unix socket)."""
         assert self._http is not None
         try:
-            if is_unix_address(address):
+            worker = self.server.worker
+            if worker is not None:  # the supervisor's listener, shared by every worker
+                sock = worker.https if tls is not None else worker.http
+                sock_name = await self._http.listen_socket(sock, tls)
+            elif is_unix_address(address):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(address)
                 sock_name = await self._http.listen_unix(address, tls)
@@ -198,6 +212,35 @@ class NSQDHTTPServer:
     async def _handle(self, request: Request) -> Response:
         if self.opts.tls_required == TLSRequired.REQUIRED and not request.secure:
             return self._tls_required()
+        if self.nsqd.shards is not None:  # --workers: the topic's owner answers
+            from nsqpy.nsqd.workers import route_http
+
+            response = await route_http(self.server, request)
+            if response is not None:
+                return response
+        return await self.router.handle(request)
+
+    async def replayed(
+        self,
+        method: str,
+        raw_path: str,
+        path: str,
+        query_string: str,
+        version: tuple[int, int],
+        headers: dict[str, str],
+        body: bytes,
+        secure: bool,
+        peername: Any,
+    ) -> Response:
+        """--workers: answer a request another worker received (workers.route_http)."""
+        request = Request(
+            method, raw_path, path, query_string, version, Headers(headers), len(body), True
+        )
+        request.secure = secure
+        request.peername = peername
+        if body:
+            request._add(body)
+        request._end()
         return await self.router.handle(request)
 
     def _tls_required(self) -> Response:
@@ -206,6 +249,18 @@ class NSQDHTTPServer:
         return Response(403, body.encode(), headers)
 
     # -- helpers ------------------------------------------------------------------------
+
+    async def _gather_stats(
+        self, topic: str, channel: str, include_clients: bool
+    ) -> tuple[Stats, str, int]:
+        """get_stats (and the health, and how many connections): this nsqd's, or with
+        --workers every worker's, merged."""
+        if self.nsqd.shards is None:
+            stats = get_stats(self.nsqd, self.server.clients, topic, channel, include_clients)
+            return stats, self._health(), len(self.server.clients)
+        from nsqpy.nsqd.workers import gather_stats
+
+        return await gather_stats(self.server, topic, channel, include_clients)
 
     def _health(self) -> str:
         error = getattr(self.nsqd, "health_error", None)
@@ -261,6 +316,8 @@ class NSQDHTTPServer:
 
     async def _ping(self, request: Request, _: str) -> Response:
         health = self._health()
+        if self.nsqd.shards is not None:
+            health = (await self._gather_stats("-", "", False))[1]
         return text_response(200 if health == "OK" else 500, health)
 
     async def _info(self, request: Request, _: str) -> object:
@@ -398,8 +455,7 @@ class NSQDHTTPServer:
         channel = params.get("channel") or ""
         include_clients = BOOL_PARAMS.get(params.get("include_clients") or "", True)
         include_mem = BOOL_PARAMS.get(params.get("include_mem") or "", True)
-        stats = get_stats(self.nsqd, self.server.clients, topic, channel, include_clients)
-        health = self._health()
+        stats, health, _count = await self._gather_stats(topic, channel, include_clients)
         mem = mem_stats() if include_mem else None
         start_time = self.nsqd.start_time
         if params.get("format") != "json":
@@ -598,12 +654,12 @@ class NSQDHTTPServer:
         return reply
 
     async def _metrics(self, request: Request, _: str) -> Response:
-        stats = get_stats(self.nsqd, self.server.clients, include_clients=True)
+        stats, health, connections = await self._gather_stats("", "", True)
         text = format_prometheus(
             stats,
-            health_ok=self._health() == "OK",
+            health_ok=health == "OK",
             start_time=self.nsqd.start_time,
-            connections=len(self.server.clients),
+            connections=connections,
         )
         return Response(200, text.encode(), {"Content-Type": PROMETHEUS_CONTENT_TYPE})
 

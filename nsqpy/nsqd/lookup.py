@@ -27,6 +27,7 @@ import contextlib
 import json
 import socket
 from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from nsqpy import NSQ_VERSION
@@ -349,6 +350,12 @@ class LookupPeers:
         self._deleted_while_asking: dict[Topic, set[str]] = {}
         # Set once any nsqlookupd has answered an IDENTIFY (its HTTP address is known).
         self.identified = asyncio.Event()
+        # --workers (shards.py). In worker 0, the other workers' topics → channels, which it
+        # registers for them; in the others, worker 0's answer to "which channels do the
+        # nsqlookupds know of for this new topic" (they have no nsqlookupd connections).
+        self.remote: dict[int, dict[str, set[str]]] = {}
+        self.registers = True
+        self.query_channels: Callable[[str], Awaitable[set[str]]] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -383,6 +390,8 @@ class LookupPeers:
             self._reconcile()
 
     def _reconcile(self) -> None:
+        if not self.registers:
+            return  # --workers: worker 0 registers for every worker
         wanted = list(dict.fromkeys(self._addresses))
         for address in list(self.peers):
             if address not in wanted:
@@ -434,35 +443,69 @@ class LookupPeers:
         """REGISTER commands for everything this nsqd has: a topic without channels
         alone, else one per channel (which registers the topic too)."""
         commands: list[bytes] = []
-        for topic in self.server.nsqd.topics.values():
-            if not topic.channels:
-                commands.append(encode_register(topic.name))
+        topics: list[tuple[str, Iterable[str]]] = [
+            (topic.name, topic.channels) for topic in self.server.nsqd.topics.values()
+        ]
+        for remote in self.remote.values():
+            topics.extend(remote.items())
+        for name, channels in topics:
+            if not channels:
+                commands.append(encode_register(name))
             else:
-                commands.extend(encode_register(topic.name, name) for name in topic.channels)
+                commands.extend(encode_register(name, channel) for channel in channels)
         return commands
 
     def _on_event(self, event: str, topic: Topic | None, channel: Channel | None) -> None:
         if channel is not None:
-            branch = "channel"
-            if event == "channel_created":
-                cmd = encode_register(channel.topic_name, channel.name)
-            else:
-                cmd = encode_unregister(channel.topic_name, channel.name)
+            if event == "channel_deleted":
                 deleted = self._deleted_while_asking.get(topic) if topic is not None else None
                 if deleted is not None:
                     deleted.add(channel.name)
+            self.announce(event, channel.topic_name, channel.name)
         elif topic is not None:
-            branch = "topic"
-            if event == "topic_created":
-                cmd = encode_register(topic.name)
-            else:
-                cmd = encode_unregister(topic.name)
-        else:
-            return
-        for peer in self.peers.values():
-            peer.send(cmd, branch)
+            self.announce(event, topic.name, None)
         if event == "topic_created" and topic is not None:
             self._topic_created(topic)
+
+    def announce(self, event: str, topic: str, channel: str | None) -> None:
+        """Tell every nsqlookupd of a topic or channel created or deleted here."""
+        if channel is not None:
+            branch = "channel"
+            if event == "channel_created":
+                cmd = encode_register(topic, channel)
+            else:
+                cmd = encode_unregister(topic, channel)
+        else:
+            branch = "topic"
+            created = event == "topic_created"
+            cmd = encode_register(topic) if created else encode_unregister(topic)
+        for peer in self.peers.values():
+            peer.send(cmd, branch)
+
+    def remote_event(self, worker: int, event: str, topic: str, channel: str | None) -> None:
+        """--workers, in worker 0: another worker's topic or channel event."""
+        topics = self.remote.setdefault(worker, {})
+        if event == "topic_created":
+            topics.setdefault(topic, set())
+        elif event == "topic_deleted":
+            topics.pop(topic, None)
+        elif channel is not None and event == "channel_created":
+            topics.setdefault(topic, set()).add(channel)
+        elif channel is not None:
+            topics.get(topic, set()).discard(channel)
+        self.announce(event, topic, channel)
+
+    def remote_sync(self, worker: int, topics: dict[str, set[str]]) -> None:
+        """--workers, in worker 0: everything another worker has (at its start-up)."""
+        old = self.remote.get(worker, {})
+        self.remote[worker] = {}
+        for name in old:
+            if name not in topics:
+                self.remote_event(worker, "topic_deleted", name, None)
+        for name, channels in topics.items():
+            self.remote_event(worker, "topic_created", name, None)
+            for channel in channels:
+                self.remote_event(worker, "channel_created", name, channel)
 
     # -- channels of a new topic ------------------------------------------------------------------
 
@@ -473,7 +516,7 @@ class LookupPeers:
     def _topic_created(self, topic: Topic) -> None:
         if self.server.nsqd.loading:
             return  # topics from nsqd.dat have their channels already
-        if self.peers:
+        if self.peers or (self.query_channels is not None and self.opts.lookupd_tcp_addresses):
             topic.hold()  # until the known channels exist, like Go's topic startChan
             self._deleted_while_asking[topic] = set()
             self._spawn(self._create_known_channels(topic))
@@ -493,6 +536,24 @@ class LookupPeers:
             topic.release()
 
     async def _create_known_channels_held(self, topic: Topic) -> None:
+        if self.query_channels is not None:
+            names = await self.query_channels(topic.name)
+        else:
+            names = await self.known_channels(topic.name)
+        nsqd = self.server.nsqd
+        if nsqd.topics.get(topic.name) is not topic or topic.exiting:
+            return  # deleted (or deleted and created again) meanwhile
+        # Go asks before the topic is handed out, so its answer never holds a channel made
+        # here since; this one may (our own REGISTER), and one deleted meanwhile stays so.
+        names -= self._deleted_while_asking.get(topic, set())
+        for name in sorted(names):
+            if is_ephemeral(name):
+                continue  # do not create an ephemeral channel with no consumer
+            if is_valid_channel_name(name):
+                topic.get_channel(name)
+
+    async def known_channels(self, topic_name: str) -> set[str]:
+        """The channels the nsqlookupds know of for ``topic_name`` (errors are logged)."""
         if not self.identified.is_set() and any(p.first_attempt for p in self.peers.values()):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
@@ -501,11 +562,11 @@ class LookupPeers:
         addresses = self.http_addresses()
         if not addresses:
             self.logger.error(
-                f"no available nsqlookupd to query for channels to pre-create for topic {topic.name}"
+                f"no available nsqlookupd to query for channels to pre-create for topic {topic_name}"
             )
-            return
+            return set()
         results = await asyncio.gather(
-            *(self._get_channels(address, topic.name) for address in addresses),
+            *(self._get_channels(address, topic_name) for address in addresses),
             return_exceptions=True,
         )
         names: set[str] = set()
@@ -518,19 +579,9 @@ class LookupPeers:
         if errors:
             self.logger.warn(
                 f"failed to query nsqlookupd for channels to pre-create for topic "
-                f"{topic.name} - {'; '.join(errors)}"
+                f"{topic_name} - {'; '.join(errors)}"
             )
-        nsqd = self.server.nsqd
-        if nsqd.topics.get(topic.name) is not topic or topic.exiting:
-            return  # deleted (or deleted and created again) meanwhile
-        # Go asks before the topic is handed out, so its answer never holds a channel made
-        # here since; this one may (our own REGISTER), and one deleted meanwhile stays so.
-        names -= self._deleted_while_asking.get(topic, set())
-        for name in sorted(names):
-            if is_ephemeral(name):
-                continue  # do not create an ephemeral channel with no consumer
-            if is_valid_channel_name(name):
-                topic.get_channel(name)
+        return names
 
     async def _get_channels(self, address: str, topic_name: str) -> list[str]:
         """``GET http://<address>/channels?topic=<topic>`` (http_api.Client.GETV1)."""

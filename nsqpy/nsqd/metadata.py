@@ -141,14 +141,37 @@ def write_metadata(data_path: str, topics: list[TopicMeta]) -> None:
 # -- the deferred side file ------------------------------------------------------------
 
 
-def write_deferred(data_path: str, due: dict[str, dict[str, int]]) -> None:
+def deferred_file(worker: int | None = None) -> str:
+    """The side file's name: ``nsqd.deferred.dat``, or with ``--workers`` each worker's
+    own part (``nsqd.deferred.<worker>.dat``), which a start-up reads with the rest."""
+    return DEFERRED_FILE if worker is None else f"nsqd.deferred.{worker}.dat"
+
+
+def _deferred_paths(data_path: str) -> list[str]:
+    """The side file and every worker's part found in ``data_path``."""
+    paths = [os.path.join(data_path, DEFERRED_FILE)]
+    with contextlib.suppress(OSError):
+        paths += sorted(
+            os.path.join(data_path, name)
+            for name in os.listdir(data_path)
+            if name.startswith("nsqd.deferred.")
+            and name.endswith(".dat")
+            and name != DEFERRED_FILE
+            and name[len("nsqd.deferred.") : -len(".dat")].isdigit()
+        )
+    return paths
+
+
+def write_deferred(
+    data_path: str, due: dict[str, dict[str, int]], name: str = DEFERRED_FILE
+) -> None:
     """``due``: queue name (``topic`` or ``topic:channel``) → message ID → due time (unix ns).
 
     An empty mapping removes the file.
     """
-    path = os.path.join(data_path, DEFERRED_FILE)
+    path = os.path.join(data_path, name)
     if not due:
-        remove_deferred(data_path)
+        _remove(path)
         return
     write_file_atomically(
         path, json.dumps({"version": 1, "due": due}, separators=(",", ":")).encode()
@@ -156,10 +179,17 @@ def write_deferred(data_path: str, due: dict[str, dict[str, int]]) -> None:
 
 
 def read_deferred(data_path: str) -> dict[str, dict[str, int]]:
-    """The side file's contents; a missing or malformed file means no deferrals (the
-    messages are then delivered when read back, as the Go nsqd would). A file that cannot
-    be read raises MetadataError, as nsqd.dat does."""
-    path = os.path.join(data_path, DEFERRED_FILE)
+    """The side file's contents (and its workers' parts, merged); a missing or malformed
+    file means no deferrals (the messages are then delivered when read back, as the Go
+    nsqd would). A file that cannot be read raises MetadataError, as nsqd.dat does."""
+    merged: dict[str, dict[str, int]] = {}
+    for path in _deferred_paths(data_path):
+        for queue, ids in _read_deferred_file(path).items():
+            merged.setdefault(queue, {}).update(ids)
+    return merged
+
+
+def _read_deferred_file(path: str) -> dict[str, dict[str, int]]:
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -175,8 +205,13 @@ def read_deferred(data_path: str) -> dict[str, dict[str, int]]:
 
 
 def remove_deferred(data_path: str) -> None:
-    """Remove the side file (read at start-up, rewritten at exit); raises MetadataError."""
-    path = os.path.join(data_path, DEFERRED_FILE)
+    """Remove the side file and its parts (read at start-up, rewritten at exit); raises
+    MetadataError."""
+    for path in _deferred_paths(data_path):
+        _remove(path)
+
+
+def _remove(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -11,7 +11,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nsqpy.common.log import Level, Logger
 from nsqpy.diskqueue import DiskQueue, DiskQueueError
@@ -33,6 +33,7 @@ from nsqpy.wire.v2 import MESSAGE_HEADER_SIZE, MPubBody
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.options import Options
+    from nsqpy.nsqd.shards import Shards
 
 # How long an exit waits for a disk that refuses nsqd.dat/nsqd.deferred.dat (seconds).
 EXIT_DISK_RETRY = 3.0
@@ -94,6 +95,16 @@ class NSQD:
         self._deferred_read = False
         # Message policies (policy.py): by topic and channel name, with their side file.
         self.policies = PolicyBook(self)
+        # --workers (shards.py): the other workers, and what this one hands them: publishes
+        # to topics it does not own, and (but for worker 0) its part of nsqd.dat
+        self.shards: Shards | None = None
+        self.forward_publish: (
+            Callable[[str, list[bytes] | MPubBody, float, list[int] | None], None] | None
+        ) = None
+        self.metadata_sink: Callable[[list[metadata.TopicMeta]], None] | None = None
+        self.remote_metadata: Callable[[], list[metadata.TopicMeta]] | None = None
+        self.policy_sink: Callable[[dict[str, Any]], None] | None = None
+        self.deferred_name = metadata.DEFERRED_FILE
         if use_disk:
             self.listeners.append(self._persist_on_change)
 
@@ -154,13 +165,25 @@ class NSQD:
                 return backend.dq.last_error
         return None
 
-    def load_metadata(self) -> None:
-        """Recreate topics and channels (and pause state) from nsqd.dat; raises MetadataError."""
-        topics = metadata.read_metadata(self.data_path)
+    def load_metadata(
+        self,
+        topics: list[metadata.TopicMeta] | None = None,
+        due: dict[str, dict[str, int]] | None = None,
+    ) -> None:
+        """Recreate topics and channels (and pause state) from nsqd.dat; raises MetadataError.
+
+        ``topics`` and ``due``: nsqd.dat's and the deferred side file's contents, read
+        already (a --workers worker gets them from the supervisor, which removed the side
+        file); else both files are read here."""
+        worker = due is not None
+        if not worker:
+            topics = metadata.read_metadata(self.data_path)
         self.policies.load()
         self._loading = True
         try:
             for t in topics or []:
+                if self.shards is not None and not self.shards.owns(t.name):
+                    continue  # another worker's
                 try:
                     topic = self.get_topic(t.name)
                 except InvalidNameError:
@@ -178,7 +201,8 @@ class NSQD:
                         channel.pause()
         finally:
             self._loading = False
-        due = metadata.read_deferred(self.data_path)
+        if due is None:
+            due = metadata.read_deferred(self.data_path)
         for name, ids in due.items():
             topic_name, _, channel_name = name.partition(":")
             parent = self.topics.get(topic_name)
@@ -187,9 +211,16 @@ class NSQD:
                 owner = parent.channels.get(channel_name)
             if owner is not None and ids:
                 owner.redefer = {k.encode(): v for k, v in ids.items()}
-        self._deferred_read = True  # removed once nsqd.dat is written (persist_metadata_now)
+        self._deferred_read = not worker  # removed once nsqd.dat is written (persist_metadata_now)
 
     def metadata_snapshot(self) -> list[metadata.TopicMeta]:
+        """nsqd.dat's topics: this engine's (and with --workers, in worker 0, the others')."""
+        own = self.own_metadata()
+        if self.remote_metadata is None:
+            return own
+        return sorted([*own, *self.remote_metadata()], key=lambda t: t.name)
+
+    def own_metadata(self) -> list[metadata.TopicMeta]:
         return [
             metadata.TopicMeta(
                 t.name,
@@ -208,6 +239,9 @@ class NSQD:
         """Write nsqd.dat on this thread (start-up and exit), then, at start-up, remove the
         deferred side file that load_metadata read (in this order, so that a data path
         nsqd cannot write fails as the Go nsqd's does); raises OSError."""
+        if self.metadata_sink is not None:  # a worker but the first: worker 0 writes it
+            self.metadata_sink(self.own_metadata())
+            return
         self.logger.info(
             f"NSQ: persisting topic/channel metadata to {os.path.join(self.data_path, metadata.METADATA_FILE)}"
         )
@@ -219,6 +253,9 @@ class NSQD:
     def persist_metadata(self) -> None:
         """Write nsqd.dat soon, off the loop; calls close together coalesce into one write."""
         if self._loading or not self.use_disk:
+            return
+        if self.metadata_sink is not None:  # a worker but the first: worker 0 writes it
+            self.metadata_sink(self.own_metadata())
             return
         self._metadata_dirty = True
         if not self._metadata_writing:
@@ -266,7 +303,7 @@ class NSQD:
         deadline = time.monotonic() + EXIT_DISK_RETRY
         while True:
             try:
-                metadata.write_deferred(self.data_path, due)
+                metadata.write_deferred(self.data_path, due, self.deferred_name)
                 self.persist_metadata_now()
             except OSError as err:
                 if time.monotonic() >= deadline:
@@ -379,6 +416,8 @@ class NSQD:
             return topic, False
         if not is_valid_topic_name(name):
             raise InvalidNameError(f"invalid topic name {name!r}")
+        if self.shards is not None and not self.shards.owns(name):
+            raise RuntimeError(f"topic {name!r} belongs to another worker")  # a routing bug
         topic = Topic(name, self, self.new_backend(name, is_ephemeral(name)))
         self.topics[name] = topic
         self.logf_info(f"TOPIC({name}): created")
@@ -402,6 +441,10 @@ class NSQD:
         topic = self.topics.get(topic_name)
         if topic is not None:
             return topic.put_messages(bodies, delay, timestamps), None
+        if self.forward_publish is not None and not self.owns(topic_name):
+            # --workers: another worker owns it (a dead letter, say); it publishes there
+            self.forward_publish(topic_name, bodies, delay, timestamps)
+            return len(bodies), None
         topic, wait = self.open_topic(topic_name)
         return topic.put_messages(bodies, delay, timestamps), topic if wait else None
 
@@ -427,6 +470,10 @@ class NSQD:
             self._dispatch_later[channel] = None
         else:
             channel.dispatch()
+
+    def owns(self, topic_name: str) -> bool:
+        """Whether this engine may hold ``topic_name`` (always, but with --workers)."""
+        return self.shards is None or self.shards.owns(topic_name)
 
     def get_existing_topic(self, name: str) -> Topic | None:
         return self.topics.get(name)

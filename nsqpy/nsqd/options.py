@@ -270,6 +270,13 @@ class Options:
         kind=Kind.INT,
         help="most consumers per channel on this nsqd (0 = unlimited)",
     )
+    workers: int = flag(
+        "workers",
+        1,
+        kind=Kind.INT,
+        help="processes serving this nsqd, each owning a share of the topics, to use more "
+        "than one core (beyond NSQ: docs/SCALING.md)",
+    )
     idle_poll: float = flag(
         "idle-poll",
         0.0001,
@@ -496,6 +503,8 @@ def validate(opts: Options) -> None:
         raise OptionsError("--message-ttl must be >= 0")
     if opts.max_queue_depth < 0:
         raise OptionsError("--max-queue-depth must be >= 0")
+    if not 1 <= opts.workers <= 256:
+        raise OptionsError("--workers must be [1,256]")
     if not 0 <= opts.idle_poll <= 0.01:
         raise OptionsError("--idle-poll must be [0,10ms]")
     suffix = opts.dead_letter_topic_suffix

@@ -333,6 +333,9 @@ class PolicyBook:
                 if not is_ephemeral(t) and not is_ephemeral(c)
             },
         }
+        if self.nsqd.policy_sink is not None:  # --workers: worker 0 writes every worker's
+            self.nsqd.policy_sink(data)
+            return
         write_file_atomically(path, json.dumps(data, separators=(",", ":")).encode())
 
     def load(self) -> None:
@@ -348,13 +351,18 @@ class PolicyBook:
         except (OSError, ValueError, AttributeError) as err:
             self.nsqd.logger.warn(f"POLICY: ignoring unreadable {path} - {err}")
             return
+        owns = self.nsqd.owns
         for name, value in topics.items():
+            if not owns(str(name)):
+                continue  # --workers: another worker's
             try:
                 self.topics[str(name)] = policy_from_json(value, str(name), channel=False)
             except (PolicyError, TypeError) as err:
                 self.nsqd.logger.warn(f"POLICY: skipping policy of topic {name} - {err}")
         for name, value in channels.items():
             t, _, c = str(name).partition(":")
+            if not owns(t):
+                continue
             try:
                 self.channels[(t, c)] = policy_from_json(value, t, channel=True)
             except (PolicyError, TypeError) as err:

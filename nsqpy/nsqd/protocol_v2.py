@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
+import socket
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -25,6 +27,7 @@ from nsqpy.nsqd.auth import AuthClient, AuthError, AuthState, auth_reply
 from nsqpy.nsqd.backend import BackendError
 from nsqpy.nsqd.channel import Channel, ChannelError, InFlight
 from nsqpy.nsqd.options import TLSRequired
+from nsqpy.nsqd.shards import RemoteError
 from nsqpy.nsqd.tls import (
     TLS_HANDSHAKE_TIMEOUT,
     TLSRequiredParser,
@@ -58,8 +61,12 @@ from nsqpy.wire.v2 import (
     MPubBody,
     ProtocolError,
     bad_topic,
+    encode_command,
     encode_error,
+    encode_mpub,
     encode_response,
+    encode_sub,
+    mpub_bodies,
     parse_base10,
     wire_str,
 )
@@ -72,6 +79,12 @@ DEFAULT_OUTPUT_BUFFER_SIZE: Final = 16 * 1024
 # transport as they are, one writev, instead of being copied into one buffer first.
 _WRITEV_MIN_PIECE: Final = 2048
 _client_ids = itertools.count(1)
+
+
+def number_clients(first: int, step: int) -> None:
+    """--workers: worker i numbers its connections i+1, i+1+N, ..., unique in the node."""
+    global _client_ids
+    _client_ids = itertools.count(first, step)
 
 
 class ClientV2(asyncio.Protocol):
@@ -93,6 +106,11 @@ class ClientV2(asyncio.Protocol):
         # this connection negotiated, and the codecs applied once per batch read/written.
         self._tls_context = tls_context
         self._authd = authd
+        # --workers (shards.py): the other workers, and for a connection moved here from
+        # one of them, the bytes it had read but not handled (handled at connection_made)
+        self._shards = nsqd.shards
+        self._moved_in: bytes | None = None
+        self._eof_later = False
         self.tls = False
         self.tls_version = ""
         self.tls_cipher_suite = ""
@@ -163,6 +181,16 @@ class ClientV2(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if self._moved_in is not None:
+            # uvloop starts reading once this returns: what comes before the bytes that were
+            # read in the other worker are handled is kept (_filter_input), and the EOF too
+            self._magic = MAGIC_V2
+            self.parser = self._new_parser()
+            self._slow_input = True
+            self._registry.add(self)
+            self._schedule_heartbeat()
+            asyncio.get_running_loop().call_soon(self._moved_here)
+            return
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.remote_address = (
@@ -178,12 +206,7 @@ class ClientV2(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._make_mpub_topic()
-        self._closed = True
-        self._registry.discard(self)
-        for timer in (self._flush_timer, self._heartbeat_timer):
-            if timer is not None:
-                timer.cancel()
-        self._flush_timer = self._heartbeat_timer = None
+        self._let_go()
         self._out = []
         if self._suspended is not None:
             self._suspended.cancel()  # an auth server query or TLS handshake nobody awaits
@@ -196,8 +219,25 @@ class ClientV2(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         """The client closed its side: a command cut short gets Go's "failed to read" error."""
+        if self._moved_in is not None or self._suspended is not None or self._held_syncs:
+            # (a connection moved here from another worker reads at once, while what it
+            # had read there is still to be handled: the end waits for that)
+            self._eof_later = True
+            return True
         self._send_truncated_error()
         return False
+
+    def _deferred_eof(self) -> None:
+        """The client's EOF that came while commands before it were still being handled."""
+        if (
+            self._eof_later
+            and not self._closed
+            and self._suspended is None
+            and not self._held_syncs
+        ):
+            self._eof_later = False
+            self._send_truncated_error()
+            self._close_after_flush()
 
     def _send_truncated_error(self) -> None:
         err = self.parser.truncated_error() if self.parser is not None else None
@@ -316,7 +356,7 @@ class ClientV2(asyncio.Protocol):
     # plain path pays that one test per read and one more per flush (_encoder).
 
     def _filter_input(self, data: bytes) -> bytes:
-        if self._suspended is not None:
+        if self._suspended is not None or self._moved_in is not None:
             # Nothing is handled until the wait is over: keep the bytes as they came (what a
             # client sends right after the TLS handshake arrives before _upgrade resumes).
             self._stashed.append(data)
@@ -393,6 +433,8 @@ class ClientV2(asyncio.Protocol):
         if not self._closed and self._suspended is None and not self._held_syncs:
             assert self.transport is not None
             self.transport.resume_reading()
+            if self._eof_later:
+                self._deferred_eof()
 
     def _fail(self, err: ProtocolError) -> bool:
         """Send ``err``; True if it closed the connection (fatal)."""
@@ -587,6 +629,8 @@ class ClientV2(asyncio.Protocol):
         self._flush()
         if self.transport is not None and self._suspended is None:  # else _resume resumes
             self.transport.resume_reading()
+            if self._eof_later:
+                self._deferred_eof()
 
     def _apply_flush_rules(self) -> None:
         if self._held_syncs:
@@ -646,7 +690,9 @@ class ClientV2(asyncio.Protocol):
             state = self.auth_state
             if state is None or state.is_expired() or not state.is_allowed(name, ""):
                 return
-        if not self.nsqd.exiting:
+        if self._shards is not None and not self._shards.owns(name):
+            self._shards.tell(self._shards.owner(name), "create_topic", name)
+        elif not self.nsqd.exiting:
             with contextlib.suppress(InvalidNameError):
                 self.nsqd.get_topic(name)
 
@@ -860,6 +906,9 @@ class ClientV2(asyncio.Protocol):
             )
         if self._authd is not None:
             self._check_auth("SUB", topic_name, channel_name)
+        if self._shards is not None and not self._shards.owns(topic_name):
+            replay = encode_sub(topic_name, channel_name)
+            raise _Suspend(self._to_owner(topic_name, replay, relay=True))
         if self.nsqd.exiting:
             raise ProtocolError("E_SUB_FAILED", "SUB failed exiting")
         topic, wait = self.nsqd.open_topic(topic_name)
@@ -1002,6 +1051,8 @@ class ClientV2(asyncio.Protocol):
         delay: float = 0.0,
     ) -> None:
         topic_name = topic_bytes.decode("utf-8", "surrogateescape")  # wire_str, inlined
+        if self._shards is not None and not self._shards.owns(topic_name):
+            raise self._publish_elsewhere(cmd, code, topic_bytes, bodies, delay)
         try:
             count, starting = self.nsqd.publish(topic_name, bodies, delay)
         except BackendError as err:
@@ -1017,6 +1068,248 @@ class ClientV2(asyncio.Protocol):
             raise _Suspend(until_started(starting), then=lambda _: self._respond(FRAME_OK))
         self._out.append(FRAME_OK)  # self._respond, inlined
         self._respond_now = True
+
+    # -- --workers: moving to the worker that owns the topic (shards.py) -------------------------
+
+    def _publish_elsewhere(
+        self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes] | MPubBody, delay: float
+    ) -> _Suspend:
+        """A publish to a topic another worker owns: the connection moves there if it can
+        (it then publishes there, and so do its next publishes), else it is forwarded."""
+        if not isinstance(bodies, list):
+            bodies = mpub_bodies(bodies)
+        topic_name = wire_str(topic_bytes)
+        if self._can_move():
+            if cmd == "PUB":
+                replay = encode_command(b"PUB", topic_bytes, body=bodies[0])
+            elif cmd == "DPUB":
+                delay_ms = b"%d" % round(delay * 1000)
+                replay = encode_command(b"DPUB", topic_bytes, delay_ms, body=bodies[0])
+            else:
+                replay = encode_mpub(topic_name, bodies)
+            return _Suspend(self._to_owner(topic_name, replay, relay=False))
+
+        def published(count: int) -> None:
+            self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + count
+            self._respond(FRAME_OK)
+
+        work = self._forward_publish(cmd, code, topic_bytes, bodies, delay)
+        return _Suspend(work, then=published)
+
+    async def _forward_publish(
+        self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes], delay: float
+    ) -> int:
+        assert self._shards is not None
+        topic_name = wire_str(topic_bytes)
+        try:
+            count: int = await self._shards.call(
+                self._shards.owner(topic_name), "publish", topic_name, bodies, delay
+            )
+        except RemoteError as err:
+            if err.kind == "InvalidNameError":
+                raise bad_topic(cmd.encode(), topic_bytes) from None
+            raise ProtocolError(code, f"{cmd} failed {err.text}") from None
+        except ConnectionError as lost:
+            raise ProtocolError(code, f"{cmd} failed {lost}") from None
+        return count
+
+    def _can_move(self) -> bool:
+        """A plain connection that holds nothing here can move (its socket, its state)."""
+        return (
+            self._encoder is None
+            and not self.tls
+            and self.channel is None
+            and self.state == STATE_INIT
+            and self.parser is not None
+            and self.parser.can_hand_over()
+        )
+
+    async def _to_owner(self, topic_name: str, replay: bytes, *, relay: bool) -> None:
+        """Hand this connection to the worker that owns the topic of the command ``replay``
+        (which that worker runs first): its socket when it is plain, else, for a SUB
+        (``relay``), one end of a socket pair that this worker relays the plain protocol
+        through, keeping the TLS or compression."""
+        shards, transport, parser = self._shards, self.transport, self.parser
+        assert shards is not None and transport is not None and parser is not None
+        # what earlier commands answered goes out first (a --sync-every=1 OK waits its fsync)
+        while (self._held_syncs or transport.get_write_buffer_size()) and not self._closed:
+            await asyncio.sleep(0.001)
+        if self._closed:
+            return
+        owner = shards.owner(topic_name)
+        movable = self._can_move()
+        if not movable and not parser.can_hand_over():
+            raise ProtocolError("E_INVALID", "cannot hand over a connection in this state")
+        rest = b"".join([replay, parser.take_rest(), *self._undecoded_stash(movable)])
+        if movable:
+            fd = os.dup(transport.get_extra_info("socket").fileno())
+            shards.send_fds(owner, "adopt", [fd], self._state(), rest)
+            self._forget_moved()
+            transport.close()
+            return
+        if not relay:
+            raise ProtocolError("E_INVALID", "cannot hand over a connection in this state")
+        mine, theirs = socket.socketpair()
+        shards.send_fds(owner, "adopt", [theirs.detach()], self._state(), rest)
+        relayed = _Relay(transport, self._decoder, self._encoder)
+        self._forget_moved()
+        transport.set_protocol(relayed)  # reads stay paused until the pipe is connected
+        await asyncio.get_running_loop().create_unix_connection(lambda: relayed.pipe, sock=mine)
+
+    def _undecoded_stash(self, plain: bool) -> list[bytes]:
+        stashed, self._stashed = self._stashed, []
+        if plain or self._decoder is None:
+            return stashed
+        return [self._decoder(data) for data in stashed]
+
+    def _state(self) -> dict[str, Any]:
+        """What the connection is, for the worker it moves to (see _moved_here)."""
+        return {
+            "id": self.id,
+            "remote_address": self.remote_address,
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "user_agent": self.user_agent,
+            "topology_zone": self.topology_zone,
+            "topology_region": self.topology_region,
+            "heartbeat_interval": self.heartbeat_interval,
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": self.output_buffer_timeout,
+            "sample_rate": self.sample_rate,
+            "msg_timeout": self.msg_timeout,
+            "connect_ts": self.connect_ts,
+            "auth_state": self.auth_state,
+            "auth_secret": self._auth_secret,
+            "pub_counts": self.pub_counts,
+            "tls": self.tls,
+            "tls_version": self.tls_version,
+            "tls_cipher_suite": self.tls_cipher_suite,
+            "tls_negotiated_protocol": self.tls_negotiated_protocol,
+            "tls_negotiated_protocol_is_mutual": self.tls_negotiated_protocol_is_mutual,
+            "tls_common_name": self._tls_common_name,
+            "snappy": self.snappy,
+            "deflate": self.deflate,
+        }
+
+    def moved_in(self, state: dict[str, Any], rest: bytes) -> None:
+        """Take over a connection another worker moved here (before connection_made)."""
+        self.id = state["id"]
+        self.remote_address = state["remote_address"]
+        self.client_id = state["client_id"]
+        self.hostname = state["hostname"]
+        self.user_agent = state["user_agent"]
+        self.topology_zone = state["topology_zone"]
+        self.topology_region = state["topology_region"]
+        self.locality = locality(self.nsqd.opts, self.topology_zone, self.topology_region)
+        self.heartbeat_interval = state["heartbeat_interval"]
+        self.output_buffer_size = state["output_buffer_size"]
+        self.output_buffer_timeout = state["output_buffer_timeout"]
+        self.sample_rate = state["sample_rate"]
+        self.msg_timeout = state["msg_timeout"]
+        self.connect_ts = state["connect_ts"]
+        self.auth_state = state["auth_state"]
+        self._auth_secret = state["auth_secret"]
+        self.pub_counts = state["pub_counts"]
+        self.tls = state["tls"]
+        self.tls_version = state["tls_version"]
+        self.tls_cipher_suite = state["tls_cipher_suite"]
+        self.tls_negotiated_protocol = state["tls_negotiated_protocol"]
+        self.tls_negotiated_protocol_is_mutual = state["tls_negotiated_protocol_is_mutual"]
+        self._tls_common_name = state["tls_common_name"]
+        self.snappy = state["snappy"]
+        self.deflate = state["deflate"]
+        self._moved_in = rest
+
+    def _moved_here(self) -> None:
+        rest, self._moved_in = self._moved_in or b"", None
+        stashed, self._stashed = self._stashed, []
+        self._slow_input = False
+        if self._closed:
+            return
+        data = b"".join([rest, *stashed])
+        if data:
+            self.data_received(data)
+        self._deferred_eof()
+
+    def _forget_moved(self) -> None:
+        """This worker is done with a connection that moved: no trace, no log, no timers."""
+        self.parser = None
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Closed (or moved): out of the registry, its timers cancelled."""
+        self._closed = True
+        self._registry.discard(self)
+        for timer in (self._flush_timer, self._heartbeat_timer):
+            if timer is not None:
+                timer.cancel()
+        self._flush_timer = self._heartbeat_timer = None
+
+
+class _Relay(asyncio.Protocol):
+    """--workers: a TLS or compressed connection whose SUB went to another worker. This
+    worker keeps the TLS and compression and passes the plain protocol, both ways, through
+    a socket pair whose other end the owner serves as a plain connection."""
+
+    def __init__(
+        self,
+        client: asyncio.Transport,
+        decoder: Callable[[bytes], bytes] | None,
+        encoder: Callable[[bytes], bytes] | None,
+    ) -> None:
+        self.client = client
+        self.decoder = decoder
+        self.pipe = _RelayPipe(client, encoder)
+
+    def data_received(self, data: bytes) -> None:
+        if self.decoder is not None:
+            try:
+                data = self.decoder(data)
+            except CompressionError:
+                self.client.close()
+                return
+        transport = self.pipe.transport
+        if transport is not None and data:
+            transport.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.pipe.transport is not None:
+            self.pipe.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.pipe.transport is not None:
+            self.pipe.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.pipe.transport is not None:
+            self.pipe.transport.resume_reading()
+
+
+class _RelayPipe(asyncio.Protocol):
+    """The relay's side of the socket pair: what the owner writes goes to the client."""
+
+    def __init__(self, client: asyncio.Transport, encoder: Callable[[bytes], bytes] | None):
+        self.client = client
+        self.encoder = encoder
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.client.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.encoder is not None:
+            data = self.encoder(data)
+        self.client.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client.close()
+
+    def pause_writing(self) -> None:
+        self.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.client.resume_reading()
 
 
 async def until_started(topic: Topic) -> None:

@@ -25,17 +25,28 @@ from nsqpy.nsqd.tls import build_client_tls_context, build_tls_context
 
 if TYPE_CHECKING:
     from nsqpy.nsqd.http_api import NSQDHTTPServer
+    from nsqpy.nsqd.stats import Stats
     from nsqpy.nsqd.statsd import StatsdPusher
+    from nsqpy.nsqd.workers import WorkerSetup
 
 
 class NSQDServer:
     """One running nsqd: the engine plus its TCP listener and timers."""
 
-    def __init__(self, opts: Options, logger: Logger | None = None) -> None:
+    def __init__(
+        self, opts: Options, logger: Logger | None = None, worker: WorkerSetup | None = None
+    ) -> None:
+        """``worker``: this nsqd is one of ``--workers`` processes (workers.py)."""
         self.opts = opts
         self.logger = logger or Logger(opts.log_prefix)
         self.nsqd = NSQD(opts, logger=self.logger, use_disk=True)
         self.dir_lock = DataDirLock(self.nsqd.data_path)
+        self.worker = worker
+        self.background: set[asyncio.Task[None]] = set()
+        if worker is not None:
+            from nsqpy.nsqd.workers import attach
+
+            attach(self, worker)
         # fsyncs and metadata writes run here, off the event loop
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="nsqd-disk")
         self._sync_timer: asyncio.TimerHandle | None = None
@@ -90,6 +101,12 @@ class NSQDServer:
         self._sync_timer = loop.call_later(self.opts.sync_timeout, self._sync_tick)
         self.nsqd.wakeup()  # topics loaded from nsqd.dat may have a backlog to pump
         self.lookup = LookupPeers(self)
+        if self.worker is not None:
+            from nsqpy.nsqd import workers
+
+            assert self.nsqd.shards is not None
+            self.nsqd.shards.start()
+            workers.tie_lookup(self, self.worker)
         if self.opts.http_address:
             from nsqpy.nsqd.http_api import NSQDHTTPServer
 
@@ -100,28 +117,51 @@ class NSQDServer:
             0 if is_unix_address(self.opts.tcp_address) else split_host_port(self.tcp_address)[1],
             self.http.port if self.http is not None else 0,
         )
-        if self.opts.statsd_address:  # Go pushes to statsd whether or not HTTP is on
+        worker0 = self.worker is None or self.worker.index == 0
+        if self.opts.statsd_address and worker0:  # Go pushes whether or not HTTP is on
             from nsqpy.nsqd.statsd import StatsdPusher  # loaded only when configured
 
             self.statsd = StatsdPusher.for_engine(
-                self.nsqd, self.opts, self.http.port if self.http is not None else 0, self.logger
+                self.nsqd,
+                self.opts,
+                self.http.port if self.http is not None else 0,
+                self.logger,
+                None if self.worker is None else self._all_workers_stats,
             )
             self.statsd.start()
         await self.lookup.start()
         # Clients come in only now, so that a topic they create finds the lookupd peers
         # started (and gets the channels nsqlookupd knows of).
         await self._tcp_server.start_serving()
-        self.logger.info(f"TCP: listening on {self.tcp_address}")
+        if self.worker is not None:  # the supervisor logs it once every worker serves
+            from nsqpy.nsqd.workers import after_start
+
+            after_start(self, self.worker)
+        else:
+            self.logger.info(f"TCP: listening on {self.tcp_address}")
+
+    async def _all_workers_stats(self) -> Stats:
+        """--workers: what worker 0 pushes to statsd for the whole node."""
+        from nsqpy.nsqd.workers import gather_stats
+
+        return (await gather_stats(self, "", "", False))[0]
 
     async def _listen_tcp(self, loop: asyncio.AbstractEventLoop, address: str) -> asyncio.Server:
         """The TCP protocol's listener on ``address`` (``host:port`` or a unix socket path)."""
+        if self.worker is not None:  # the supervisor's listener, shared by every worker
+            sock = self.worker.tcp
+            if sock.family == socket.AF_UNIX:
+                return await loop.create_unix_server(
+                    self.new_client, sock=sock, start_serving=False
+                )
+            return await loop.create_server(self.new_client, sock=sock, start_serving=False)
         if is_unix_address(address):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(address)
-            return await loop.create_unix_server(self._new_client, address, start_serving=False)
+            return await loop.create_unix_server(self.new_client, address, start_serving=False)
         host, port = split_host_port(address)
         server = await loop.create_server(
-            self._new_client,
+            self.new_client,
             host or None,
             port,
             reuse_address=True,
@@ -133,7 +173,7 @@ class NSQDServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return server
 
-    def _new_client(self) -> ClientV2:
+    def new_client(self) -> ClientV2:
         return ClientV2(self.nsqd, self.clients, tls_context=self.tls_context, authd=self.authd)
 
     def _wakeup(self) -> None:
@@ -165,6 +205,8 @@ class NSQDServer:
     async def stop(self) -> None:
         """Graceful exit (spec §7.6): stop accepting, close clients, hand queues to the backends."""
         self.logger.info("NSQ: closing")
+        if self.nsqd.shards is not None:
+            self.nsqd.shards.closing = True  # the other workers are exiting too
         if self._tcp_server is not None:
             self._tcp_server.close()
             self.logger.info(f"TCP: closing {self.tcp_address}")
@@ -176,6 +218,8 @@ class NSQDServer:
             await self.http.stop()
         if self.lookup is not None:
             await self.lookup.stop()
+        if self.nsqd.shards is not None:
+            self.nsqd.shards.close()
         if self.authd is not None:
             await self.authd.close()
         for timer in (self._scan_timer, self._sync_timer):

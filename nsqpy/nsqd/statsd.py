@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from nsqpy.common.log import Logger
@@ -136,7 +137,8 @@ def pack_datagrams(lines: Iterable[bytes], size: int) -> list[bytes]:
 class StatsdPusher:
     """The push loop; ``start()`` and ``stop()`` on the server's event loop.
 
-    ``source`` gives the stats to push (``get_stats(nsqd, include_clients=False)``).
+    ``source`` gives the stats to push (``get_stats(nsqd, include_clients=False)``; with
+    --workers, worker 0 pushes for all, gathering every worker's).
     """
 
     def __init__(
@@ -146,7 +148,7 @@ class StatsdPusher:
         interval: float,
         packet_size: int,
         *,
-        source: Callable[[], Stats],
+        source: Callable[[], Stats | Awaitable[Stats]],
         mem_stats_enabled: bool,
         exclude_ephemeral: bool,
         logger: Logger,
@@ -164,7 +166,14 @@ class StatsdPusher:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def for_engine(cls, nsqd: NSQD, opts: Options, http_port: int, logger: Logger) -> StatsdPusher:
+    def for_engine(
+        cls,
+        nsqd: NSQD,
+        opts: Options,
+        http_port: int,
+        logger: Logger,
+        source: Callable[[], Stats | Awaitable[Stats]] | None = None,
+    ) -> StatsdPusher:
         """A pusher configured from nsqd's options; ``http_port`` fills ``%s`` when
         ``--broadcast-http-port`` is 0 (Go uses the real HTTP port then; a started server
         has expanded it already, options.resolve_listeners)."""
@@ -174,7 +183,7 @@ class StatsdPusher:
             statsd_prefix(opts.statsd_prefix, opts.broadcast_address, port),
             opts.statsd_interval,
             opts.statsd_udp_packet_size,
-            source=lambda: get_stats(nsqd, include_clients=False),
+            source=source or (lambda: get_stats(nsqd, include_clients=False)),
             mem_stats_enabled=opts.statsd_mem_stats,
             exclude_ephemeral=opts.statsd_exclude_ephemeral,
             logger=logger,
@@ -214,7 +223,8 @@ class StatsdPusher:
             return
         try:
             self._logger.info(f"STATSD: pushing stats to {self.address}")
-            stats = self._source()
+            got = self._source()
+            stats = await got if inspect.isawaitable(got) else got
             topics = stats["topics"] or []
             mem = mem_stats() if self._mem_stats_enabled else None
             lines = statsd_lines(

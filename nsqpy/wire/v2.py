@@ -236,6 +236,22 @@ class CommandParser:
         ready = 0 if self._ready is None else 4 + len(self._ready)
         return len(self._buf) - self._pos + self._pending_len + ready
 
+    def can_hand_over(self) -> bool:
+        """Whether :meth:`take_rest` gives all that is buffered: no MPUB is half read."""
+        return self._mpub is None and self._ready is None and not self._need_body
+
+    def take_rest(self) -> bytes:
+        """Every byte received but not consumed, in order, forgotten here (a connection
+        moving to another nsqd worker, which parses them again); see can_hand_over."""
+        rest = b"".join([memoryview(self._buf)[self._pos :], *self._pending])
+        self._buf = b""
+        self._pos = 0
+        self._pending = []
+        self._pending_len = 0
+        self._need = 0
+        self._short = None
+        return rest
+
     def next_command(self) -> Command | None:
         """The next complete command, or ``None`` until more bytes are fed."""
         if self._need:

@@ -24,7 +24,7 @@ import pytest
 
 from nsqpy.testing import NSQD, NSQLookupd
 from nsqpy.testing._process import flag_args
-from tests.support.procs import server_python
+from tests.support.procs import nsqd_workers, server_python
 
 # -- where the Go binaries are ----------------------------------------------------------------
 
@@ -96,7 +96,8 @@ class PyNSQD(NSQD):
 
     @property
     def argv(self) -> list[str]:
-        return [server_python(), "-P", *super().argv[1:]]
+        argv = super().argv
+        return [server_python(), "-P", *argv[1:4], *nsqd_workers("nsqd"), *argv[4:]]
 
 
 class GoNSQD(NSQD):

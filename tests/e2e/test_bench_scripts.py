@@ -660,3 +660,25 @@ def test_spark() -> None:
 
 # bench/soak.py's run (one minute: it is about growth) is tests/faults/test_soak.py.
 COVERED["soak.py"] = {"ours"}
+
+
+@covers("bench_workers.py", "ours", "go")
+def test_bench_workers(go_dir: Path) -> None:
+    result = python_script(
+        "bench_workers.py",
+        f"--go-tools={go_dir}",
+        f"--nsqd-bin={go_dir / 'nsqd'}",
+        "--workers=1,2",
+        "--topics=2",
+        "--rounds=1",
+        "--runfor=0.3s",
+    )
+    medians = re.findall(
+        r"^(nsqpy --workers=\d|nsqd \(Go\))\s+2\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)"
+        r"  \(median\)$",
+        result.stdout,
+        re.MULTILINE,
+    )
+    assert [m[0] for m in medians] == ["nsqpy --workers=1", "nsqpy --workers=2", "nsqd (Go)"]
+    for _, pub, sub, _, _ in medians:
+        assert number(pub) > 0 and number(sub) > 0, result.tail()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import re
 import signal
 import threading
@@ -639,7 +640,7 @@ def test_one_nsqd_down_is_a_warning(
     assert direct.json(f"/api/topics/{topic}")["depth"] == 4
 
     # one nsqd hangs while nsqlookupd still lists it: nsqadmin times out on it (1s)
-    cluster.nsqds[1].send_signal(signal.SIGSTOP)
+    stop_tree(cluster.nsqds[1].pid, signal.SIGSTOP)  # (with --workers, every worker)
     try:
         doc = api.json(f"/api/topics/{topic}")
         assert doc["message"].startswith("WARNING: ")
@@ -650,8 +651,16 @@ def test_one_nsqd_down_is_a_warning(
         assert [f"127.0.0.1:{n['http_port']}" for n in nodes_doc["nodes"]] == [cluster.nsqd_http(0)]
         assert nodes_doc["message"].count("WARNING") == 1
     finally:
-        cluster.nsqds[1].send_signal(signal.SIGCONT)
+        stop_tree(cluster.nsqds[1].pid, signal.SIGCONT)
     assert api.json(f"/api/topics/{topic}")["message"] == ""
+
+
+def stop_tree(pid: int, sig: int) -> None:
+    """``sig`` to ``pid`` and its children (nsqd --workers: the supervisor's workers)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        children = [int(p) for p in f.read().split()]
+    for target in (*children, pid):
+        os.kill(target, sig)
 
 
 def test_gzip(api: Admin) -> None:

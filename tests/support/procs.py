@@ -67,6 +67,14 @@ def server_python() -> str:
     return os.environ.get("NSQPY_SERVER_PYTHON") or sys.executable
 
 
+def nsqd_workers(name: str) -> list[str]:
+    """``--workers=N`` for an nsqd when NSQPY_NSQD_WORKERS says so (scripts/test.sh runs
+    the protocol and differential tests against --workers=2 too); first, so that a test's
+    own --workers wins."""
+    workers = os.environ.get("NSQPY_NSQD_WORKERS")
+    return [f"--workers={workers}"] if workers and name == "nsqd" else []
+
+
 class ServerProcess(_ServerProcess):
     """One server process; use :func:`start_server` (or the pytest fixtures) to make one."""
 
@@ -81,7 +89,7 @@ class ServerProcess(_ServerProcess):
         self.spec = spec
         super().__init__(
             spec.name,
-            [server_python(), "-P", "-u", "-m", spec.module, *args],
+            [server_python(), "-P", "-u", "-m", spec.module, *nsqd_workers(spec.name), *args],
             ready=spec.ready,
             patterns=spec.listen_patterns,
             env=env,

@@ -73,6 +73,7 @@ SPEC_FLAGS: dict[str, tuple[str | None, object]] = {
     "max-queue-depth": ("max_queue_depth", 0),
     "dead-letter-topic-suffix": ("dead_letter_topic_suffix", ""),
     "idle-poll": ("idle_poll", 0.0001),
+    "workers": ("workers", 1),
     "statsd-address": ("statsd_address", ""),
     "statsd-interval": ("statsd_interval", 60.0),
     "statsd-mem-stats": ("statsd_mem_stats", True),
@@ -397,6 +398,11 @@ def test_node_id_range(node_id: int) -> None:
 @pytest.mark.parametrize("node_id", [0, 1023])
 def test_node_id_bounds_ok(node_id: int) -> None:
     assert valid(node_id=node_id).node_id == node_id
+
+
+@pytest.mark.parametrize("workers", [0, -1, 257])
+def test_workers_range(workers: int) -> None:
+    invalid("--workers must be [1,256]", workers=workers)
 
 
 @pytest.mark.parametrize("window", [-0.000001, 0.0100001, 1.0])
