@@ -81,6 +81,19 @@ _WRITEV_MIN_PIECE: Final = 2048
 _client_ids = itertools.count(1)
 
 
+# TCP keep-alive on every accepted connection, as Go's listeners have it (net.ListenConfig's
+# default since Go 1.13: probes after 15 s idle, then every 15 s), so that a peer that
+# vanished without a FIN or RST (a host down, a partition) is found out by the kernel.
+KEEPALIVE_SECONDS: Final = 15
+
+
+def keep_alive(sock: Any) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_SECONDS)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_SECONDS)
+
+
 def number_clients(first: int, step: int) -> None:
     """--workers: worker i numbers its connections i+1, i+1+N, ..., unique in the node."""
     global _client_ids
@@ -196,6 +209,7 @@ class ClientV2(asyncio.Protocol):
             self.remote_address = (
                 f"{peer[0]}:{peer[1]}" if ":" not in peer[0] else f"[{peer[0]}]:{peer[1]}"
             )
+            keep_alive(transport.get_extra_info("socket"))
         else:
             self.remote_address = str(peer or "")
         host = self.remote_address.rsplit(":", 1)[0].strip("[]")
