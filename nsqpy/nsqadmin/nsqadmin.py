@@ -9,6 +9,7 @@ import ssl
 
 from aiohttp import web
 
+from nsqpy.common.app import ListenError
 from nsqpy.common.goflags import OptionsError, version_string
 from nsqpy.common.gotls import go_client_context
 from nsqpy.common.log import Logger
@@ -95,7 +96,10 @@ class NSQAdmin:
         self.log.info(version_string("nsqadmin"))
         try:
             sock = self._listen()
-        except (OSError, ValueError) as err:
+        except OSError as err:
+            failed = ListenError(self.opts.http_address, err)
+            raise OptionsError(f"failed to instantiate nsqadmin - {failed}") from None
+        except ValueError as err:
             raise OptionsError(f"listen ({self.opts.http_address}) failed - {err}") from None
         self._runner = GoAppRunner(self.http.make_app(), access_log=None, handle_signals=False)
         await self._runner.setup()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nsqpy.common.aio import stop_on_signals
-from nsqpy.common.app import run_server
+from nsqpy.common.app import ListenError, run_server
 from nsqpy.common.log import Logger
 from nsqpy.nsqlookupd.lookupd import NSQLookupd
 from nsqpy.nsqlookupd.options import Options, parse_nsqlookupd_args, validate
@@ -17,6 +17,10 @@ async def serve(opts: Options, logger: Logger) -> int:
     lookupd = NSQLookupd(opts, logger)
     try:
         await lookupd.start()
+    except ListenError as err:
+        # Go's nsqlookupd passes the error as an argument its format has no verb for
+        logger.fatal(f"failed to instantiate nsqlookupd%!(EXTRA *errors.errorString={err})")
+        return 1
     except (OSError, ValueError) as err:
         logger.fatal(f"failed to instantiate nsqlookupd - {err}")
         return 1

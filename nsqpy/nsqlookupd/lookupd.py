@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from nsqpy.common.app import ListenError
 from nsqpy.common.goflags import version_string
 from nsqpy.common.log import Logger
 from nsqpy.common.net import format_address, split_host_port
@@ -52,15 +53,21 @@ class NSQLookupd:
         loop = asyncio.get_running_loop()
         tcp_host, tcp_port = split_host_port(self.opts.tcp_address)
         http_host, http_port = split_host_port(self.opts.http_address)
-        self._tcp_server = await loop.create_server(
-            lambda: LookupProtocolV1(self), tcp_host or None, tcp_port, reuse_address=True
-        )
+        try:
+            self._tcp_server = await loop.create_server(
+                lambda: LookupProtocolV1(self), tcp_host or None, tcp_port, reuse_address=True
+            )
+        except OSError as err:
+            raise ListenError(self.opts.tcp_address, err) from None
         sock_name = self._tcp_server.sockets[0].getsockname()
         self.tcp_address = format_address(sock_name)
         self.tcp_port = int(sock_name[1])
         self.logger.info(f"TCP: listening on {self.tcp_address}")
         try:
-            await self.http.start(http_host or None, http_port)
+            try:
+                await self.http.start(http_host or None, http_port)
+            except OSError as err:
+                raise ListenError(self.opts.http_address, err) from None
         except BaseException:
             self._tcp_server.close()
             self._tcp_server = None

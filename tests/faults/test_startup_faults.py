@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.differential.harness import go_binary, require_go
 from tests.faults.conftest import Mount, checksums, require_prerequisite, run_nsqd_once
 
 pytestmark = pytest.mark.timeout(120)
@@ -177,3 +179,42 @@ def test_port_taken_names_the_address_as_go_does(
         f"FATAL: failed to instantiate nsqd - listen ({address}) failed - "
         f"listen tcp {address}: bind: address already in use"
     )
+
+
+# nsqlookupd's and nsqadmin's listeners: (program, flag) pairs
+OTHER_LISTENERS = [
+    ("nsqlookupd", "tcp-address"),
+    ("nsqlookupd", "http-address"),
+    ("nsqadmin", "http-address"),
+]
+
+
+@pytest.mark.parametrize(("program", "flag"), OTHER_LISTENERS)
+def test_other_servers_name_a_taken_port_as_go_does(program: str, flag: str) -> None:
+    """The same one FATAL line as Go's nsqlookupd (its format has no verb for the error, so
+    Go prints it as ``%!(EXTRA ...)``) and nsqadmin, never ``[Errno 98]``."""
+    require_go(program)
+    go = go_binary(program)
+    assert go is not None
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        defaults = {"nsqlookupd": ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]}
+        extra = ["--nsqd-http-address=127.0.0.1:1"] if program == "nsqadmin" else []
+        lines = []
+        for argv in ([sys.executable, "-m", f"nsqpy.{program}"], [str(go)]):
+            result = subprocess.run(
+                [*argv, *defaults.get(program, []), *extra, f"--{flag}={address}"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+            output = result.stdout + result.stderr
+            assert result.returncode == 1, output
+            assert "Traceback" not in output and "Errno" not in output, output
+            lines.append(fatal_line(output))
+    assert lines[0] == lines[1]
+    assert address in lines[0] and "bind: address already in use" in lines[0]
