@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +137,18 @@ def write_file_atomically(path: str, data: bytes) -> None:
 
 def write_metadata(data_path: str, topics: list[TopicMeta]) -> None:
     write_file_atomically(os.path.join(data_path, METADATA_FILE), encode_metadata(topics))
+
+
+_QUEUE_FILE = re.compile(r"(.+)\.diskqueue\.(?:meta|\d{6})\.dat")
+
+
+def queue_names(data_path: str) -> list[str]:
+    """The disk queues in ``data_path`` (``topic`` or ``topic:channel``), from their files."""
+    try:
+        entries = os.listdir(data_path)
+    except OSError:
+        return []
+    return sorted({m.group(1) for e in entries if (m := _QUEUE_FILE.fullmatch(e))})
 
 
 # -- the deferred side file ------------------------------------------------------------

@@ -199,8 +199,11 @@ class NSQD:
                         continue
                     if c.paused:
                         channel.pause()
+            found = self.use_disk and self._open_queues_missing_from(topics or [])
         finally:
             self._loading = False
+        if found and worker:
+            self.persist_metadata()  # (without workers, serve() writes nsqd.dat next)
         if due is None:
             due = metadata.read_deferred(self.data_path)
         for name, ids in due.items():
@@ -212,6 +215,33 @@ class NSQD:
             if owner is not None and ids:
                 owner.redefer = {k.encode(): v for k, v in ids.items()}
         self._deferred_read = not worker  # removed once nsqd.dat is written (persist_metadata_now)
+
+    def _open_queues_missing_from(self, topics: list[metadata.TopicMeta]) -> bool:
+        """Topics and channels whose disk queue is in --data-path but not in nsqd.dat (a
+        crash after they got messages, before nsqd.dat was written): made again, so that
+        their messages are delivered without waiting for a client to name them (beyond Go,
+        which leaves them until then)."""
+        known = {t.name for t in topics} | {
+            f"{t.name}:{c.name}" for t in topics for c in t.channels
+        }
+        found = False
+        for name in metadata.queue_names(self.data_path):
+            if name in known:
+                continue
+            topic_name, _, channel_name = name.partition(":")
+            if not self.owns(topic_name) or is_ephemeral(topic_name):
+                continue
+            try:
+                topic = self.get_topic(topic_name)
+                if channel_name:
+                    topic.get_channel(channel_name)
+            except InvalidNameError:
+                continue
+            found = True
+            self.logger.warn(
+                f"NSQ: queue {name} found in {self.data_path}, not in nsqd.dat: reopened"
+            )
+        return found
 
     def metadata_snapshot(self) -> list[metadata.TopicMeta]:
         """nsqd.dat's topics: this engine's (and with --workers, in worker 0, the others')."""

@@ -554,3 +554,31 @@ def test_invalid_nsqd_dat_is_fatal(tmp_path: Path) -> None:
     assert f"FATAL: failed to load metadata - failed to parse metadata in {path}" in result.stderr
     assert "Traceback" not in result.stderr
     assert data.joinpath("nsqd.dat").read_bytes() == b"this is not json {"  # left alone
+
+
+def test_queues_missing_from_nsqd_dat_are_reopened_at_start(
+    nsqd_pool: ServerPool, tmp_path: Path
+) -> None:
+    """A crash after a new topic's and channel's first messages reached their disk queues but
+    before nsqd.dat listed them (it is written in the background): the start-up finds the
+    queues in --data-path and reopens them, so the channel gets new messages and a consumer
+    reads everything. (The Go nsqd leaves them until a client names the topic again; until
+    then a publish to the topic reaches no channel.)"""
+    data = tmp_path / "data"
+    nsqd = nsqd_pool.start(data_path=data, mem_queue_size=0)
+    with consumer(nsqd.tcp_address, "orphan", "ch"):
+        pass
+    with RawClient(nsqd.tcp_address) as pub:
+        pub.mpub("orphan", [b"one", b"two"])
+    assert nsqd.stop() == 0
+    (data / "nsqd.dat").unlink()  # as if the crash came before its first write
+    nsqd = nsqd_pool.start(data_path=data, mem_queue_size=0)
+    assert "queue orphan:ch found in" in nsqd.log_text()
+    with RawClient(nsqd.tcp_address) as pub:
+        pub.pub("orphan", b"three")  # reaches the channel, which exists again
+    saved = json.loads((data / "nsqd.dat").read_text())
+    assert saved["topics"][0]["name"] == "orphan"
+    assert [c["name"] for c in saved["topics"][0]["channels"]] == ["ch"]
+    with consumer(nsqd.tcp_address, "orphan", "ch", rdy=10) as client:
+        bodies = sorted(m.body for m in client.read_messages(3))
+        assert bodies == [b"one", b"three", b"two"]
