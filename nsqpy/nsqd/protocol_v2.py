@@ -181,6 +181,8 @@ class ClientV2(asyncio.Protocol):
         self._held_syncs = 0
         self._sync_failed: BaseException | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
+        self._ticks_from = 0.0
+        self._tick_taken = 0.0  # the last tick of that ticker a flush took
         # Deadlines (spec §2.1)
         self._last_read = time.monotonic()
         self._write_blocked_since = 0.0
@@ -194,6 +196,7 @@ class ClientV2(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._ticks_from = asyncio.get_running_loop().time()  # the output buffer's ticker
         if self._moved_in is not None:
             # uvloop starts reading once this returns: what comes before the bytes that were
             # read in the other worker are handled is kept (_filter_input), and the EOF too
@@ -657,11 +660,23 @@ class ClientV2(asyncio.Protocol):
         ):
             self._flush()
         elif self._flush_timer is None:
+            # Go's messagePump flushes on a ticker started with the connection, whose channel
+            # keeps one tick nobody took: if a tick came since the last one that flushed,
+            # flush now (a lone message after a quiet spell goes at once), else at the next
             loop = asyncio.get_running_loop()
-            self._flush_timer = loop.call_later(self.output_buffer_timeout, self._timed_flush)
+            period = self.output_buffer_timeout
+            ticks, into = divmod(loop.time() - self._ticks_from, period)
+            if ticks > self._tick_taken:
+                self._tick_taken = ticks
+                self._flush()
+            else:
+                self._flush_timer = loop.call_later(period - into, self._timed_flush)
 
     def _timed_flush(self) -> None:
         self._flush_timer = None
+        loop = asyncio.get_running_loop()
+        # (the timer was set for a tick: round off its lateness, or a hair of earliness)
+        self._tick_taken = round((loop.time() - self._ticks_from) / self.output_buffer_timeout)
         self._flush()
 
     def _flush(self) -> None:
