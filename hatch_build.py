@@ -21,7 +21,8 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-# The modules every published message passes through: parse, engine, queues, delivery.
+# The modules every published message passes through: parse, engine, queues, delivery; and
+# those of an HTTP publish: the server, NSQ's http_api and router, nsqd's routes.
 COMPILED = [
     "nsqpy/wire/v2.py",
     "nsqpy/nsqd/message.py",
@@ -32,6 +33,9 @@ COMPILED = [
     "nsqpy/nsqd/protocol_v2.py",
     "nsqpy/nsqd/tls.py",  # its parser subclasses wire.v2's: interpreted code cannot
     "nsqpy/diskqueue/diskqueue.py",
+    "nsqpy/common/httpserver.py",
+    "nsqpy/common/httpapi.py",
+    "nsqpy/nsqd/http_api.py",
 ]
 
 # mypy's own checks are not repeated here (the test command runs mypy): third-party modules

@@ -275,8 +275,8 @@ class Router:
             if route.v1:
                 return v1_error(err.status, err.text), route.log
             return text_response(err.status, err.text), route.log
-        except Exception as err:  # Go's LogPanicHandler
-            self.logger.error(f"panic in HTTP handler - {err!r}\n{traceback.format_exc()}")
+        except Exception as crash:  # Go's LogPanicHandler (a name of its own: mypyc)
+            self.logger.error(f"panic in HTTP handler - {crash!r}\n{traceback.format_exc()}")
             return v1_error(500, "INTERNAL_ERROR"), True
         if isinstance(result, Response):
             return result, route.log

@@ -105,7 +105,7 @@ _HEX: Final = b"0123456789abcdefABCDEF"
 # -- errors -----------------------------------------------------------------------------------
 #
 #   BadRequest        the head broke the protocol: reply with .reply and close
-#   BodyError         the body was cut short or its chunked coding broken (ConnectionError)
+#   BodyError         the body was cut short or its chunked coding broken
 #   BodyTooLarge      Request.read(limit): the body is longer than the limit
 
 
@@ -117,8 +117,11 @@ class BadRequest(Exception):
         self.reply = reply
 
 
-class BodyError(ConnectionError):
-    """The request body ended early (the connection closed) or its chunked coding is broken."""
+class BodyError(Exception):
+    """The request body ended early (the connection closed) or its chunked coding is broken.
+
+    An Exception, not a ConnectionError: mypyc compiles no subclass of OSError (see
+    hatch_build.py), and the handlers catch it by name (a handler that does not: a 500)."""
 
 
 class BodyTooLarge(Exception):
@@ -494,6 +497,13 @@ def _has_token(value: str, token: str) -> bool:
 # -- bodies ---------------------------------------------------------------------------------
 
 
+# ChunkedDecoder's states: reading a size line, a chunk's data, the CRLF after it, trailers
+_AT_SIZE: Final = 0
+_AT_DATA: Final = 1
+_AT_DATA_END: Final = 2
+_AT_TRAILER: Final = 3
+
+
 class ChunkedDecoder:
     """The chunked transfer coding: bytes in, the body's pieces out; trailers are dropped.
 
@@ -503,11 +513,9 @@ class ChunkedDecoder:
 
     __slots__ = ("_line", "_remaining", "_state", "done")
 
-    _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
-
     def __init__(self) -> None:
         self.done = False
-        self._state = self._SIZE
+        self._state = _AT_SIZE
         self._remaining = 0
         self._line = bytearray()
 
@@ -517,13 +525,13 @@ class ChunkedDecoder:
         pieces: list[bytes] = []
         end = len(data)
         while pos < end and not self.done:
-            if self._state == self._DATA:
+            if self._state == _AT_DATA:
                 take = min(self._remaining, end - pos)
                 pieces.append(bytes(data[pos : pos + take]))
                 pos += take
                 self._remaining -= take
                 if not self._remaining:
-                    self._state = self._DATA_END
+                    self._state = _AT_DATA_END
                 continue
             newline = data.find(b"\n", pos)
             if newline < 0:
@@ -544,17 +552,17 @@ class ChunkedDecoder:
         return pieces, pos
 
     def _line_done(self, line: bytes) -> None:
-        if self._state == self._SIZE:
+        if self._state == _AT_SIZE:
             size = line.split(b";", 1)[0].rstrip(b" \t")
             if not size or len(size) > 16 or size.strip(_HEX):
                 raise BodyError("chunked: invalid chunk length")
             self._remaining = int(size, 16)
-            self._state = self._DATA if self._remaining else self._TRAILER
-        elif self._state == self._DATA_END:
+            self._state = _AT_DATA if self._remaining else _AT_TRAILER
+        elif self._state == _AT_DATA_END:
             if line:
                 raise BodyError("chunked: malformed chunked encoding")
-            self._state = self._SIZE
-        elif not line:  # _TRAILER: the blank line ends the body
+            self._state = _AT_SIZE
+        elif not line:  # _AT_TRAILER: the blank line ends the body
             self.done = True
 
 
@@ -1127,8 +1135,7 @@ class HTTPServer:
             reuse_address=True,
             backlog=1024,
         )
-        self._listeners.append(server)
-        return server.sockets[0].getsockname()
+        return self._listening(server)
 
     async def listen_unix(self, path: str, ssl: ssl.SSLContext | None = None) -> Any:
         """Listen on the unix socket ``path``; the socket's name."""
@@ -1136,8 +1143,7 @@ class HTTPServer:
         server = await loop.create_unix_server(
             lambda: HTTPConnection(self, ssl is not None), path, ssl=ssl, backlog=1024
         )
-        self._listeners.append(server)
-        return server.sockets[0].getsockname()
+        return self._listening(server)
 
     async def listen_socket(self, sock: Any, ssl: ssl.SSLContext | None = None) -> Any:
         """Serve on ``sock``, a listening socket opened elsewhere (nsqd --workers shares
@@ -1148,8 +1154,13 @@ class HTTPServer:
             server = await loop.create_unix_server(factory, sock=sock, ssl=ssl)
         else:
             server = await loop.create_server(factory, sock=sock, ssl=ssl)
-        self._listeners.append(server)
-        return server.sockets[0].getsockname()
+        return self._listening(server)
+
+    def _listening(self, listener: Any) -> Any:
+        """Keep ``listener``; its socket's name. (Any: uvloop's ``sockets`` is a list where
+        typeshed says tuple, which the compiled module would refuse with a TypeError.)"""
+        self._listeners.append(listener)
+        return listener.sockets[0].getsockname()
 
     async def close(self) -> None:
         """Stop listening, close idle connections, let the requests in progress finish

@@ -152,16 +152,22 @@ def test_wheel_servers_tools_and_nsqadmin_ui(venv: Path) -> None:
             check=True,
             timeout=30,
         )
+        # and one by HTTP (nsqd's compiled HTTP server and routes)
+        pub = urllib.request.Request(
+            f"http://{nsqd.address('http')}/pub?topic=wheel", data=b"three", method="POST"
+        )
+        with urllib.request.urlopen(pub, timeout=10) as resp:
+            assert (resp.status, resp.read()) == (200, b"OK")
         tail = _run(
             bin_ / "nsq_tail",
             "--topic=wheel",
             f"--lookupd-http-address={lookupd.http_address}",
             "-n",
-            "2",
+            "3",
             cwd=venv.parent,
             timeout=30,
         )
-        assert tail.splitlines()[-2:] == ["one", "two"], tail
+        assert tail.splitlines()[-3:] == ["one", "two", "three"], tail
         base = f"http://{admin.address('http')}"
         with urllib.request.urlopen(f"{base}/", timeout=10) as resp:
             page = resp.read().decode()
