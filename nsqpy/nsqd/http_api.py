@@ -229,12 +229,14 @@ class NSQDHTTPServer:
         version: tuple[int, int],
         headers: dict[str, str],
         body: bytes,
+        content_length: int | None,
         secure: bool,
         peername: Any,
     ) -> Response:
-        """--workers: answer a request another worker received (workers.route_http)."""
+        """--workers: answer a request another worker received (workers.route_http), its
+        body read there as far as the handler here reads it."""
         request = Request(
-            method, raw_path, path, query_string, version, Headers(headers), len(body), True
+            method, raw_path, path, query_string, version, Headers(headers), content_length, True
         )
         request.secure = secure
         request.peername = peername

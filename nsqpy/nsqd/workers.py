@@ -492,46 +492,59 @@ def _adopt(server: NSQDServer, fds: list[int], state: dict[str, Any], rest: byte
 
 # -- HTTP ------------------------------------------------------------------------------------------
 
-# The routes about one topic (its ``topic`` parameter): answered by the topic's owner.
-_TOPIC_ROUTES = frozenset(
-    {
-        "/pub",
-        "/mpub",
-        "/topic/create",
-        "/topic/delete",
-        "/topic/empty",
-        "/topic/pause",
-        "/topic/unpause",
-        "/topic/policy",
-        "/channel/create",
-        "/channel/delete",
-        "/channel/empty",
-        "/channel/pause",
-        "/channel/unpause",
-        "/channel/peek",
-        "/channel/policy",
-    }
-)
+
+# The routes about one topic (its ``topic`` parameter), answered by the topic's owner, and
+# how much of the body the owner's handler reads (None: none, which then is not read here
+# either: with ``Expect: 100-continue`` a body is asked for only when the handler reads it).
+def _topic_routes(opts: Options) -> dict[str, int | None]:
+    routes: dict[str, int | None] = dict.fromkeys(
+        (
+            "/topic/create",
+            "/topic/delete",
+            "/topic/empty",
+            "/topic/pause",
+            "/topic/unpause",
+            "/channel/create",
+            "/channel/delete",
+            "/channel/empty",
+            "/channel/pause",
+            "/channel/unpause",
+            "/channel/peek",
+        )
+    )
+    routes["/pub"] = opts.max_msg_size
+    routes["/mpub"] = opts.max_body_size
+    routes["/topic/policy"] = routes["/channel/policy"] = POLICY_BODY_LIMIT
+    return routes
+
+
+POLICY_BODY_LIMIT = 65536  # (http_api._policy's)
 
 
 async def route_http(server: NSQDServer, request: Request) -> Response | None:
     """The answer from the worker that owns the request's topic, or from every worker for a
-    ``PUT /config``; None when this worker answers alone."""
+    ``PUT /config``; None when this worker answers alone (also whenever the answer does not
+    depend on the topic's owner: no route or method, no valid topic name)."""
     from nsqpy.common.httpapi import HTTPError, ReqParams
+    from nsqpy.wire.names import is_valid_topic_name
 
     shards = nsqd_shards(server)
     path = request.path
-    if path in _TOPIC_ROUTES:
+    assert server.http is not None
+    routes = _topic_routes(server.opts)
+    if path in routes:
+        methods, _ = server.http.router.match(path)
+        if methods is None or request.method not in methods:
+            return None
         try:
             topic = ReqParams(request).get("topic")
         except HTTPError:
-            return None  # the same error here as there
-        if not topic or shards.owns(topic):
             return None
-        return await _forward(server, shards.owner(topic), request)
+        if not topic or not is_valid_topic_name(topic) or shards.owns(topic):
+            return None
+        return await _forward(server, shards.owner(topic), request, routes[path])
     if request.method == "PUT" and path.startswith("/config/"):
-        assert server.http is not None
-        args = await _replay_args(server, request)
+        args = await _replay_args(server, request, server.opts.max_msg_size)
         response = await server.http.replayed(*args)
         if response.status == 200:
             for peer in shards.others():
@@ -541,40 +554,43 @@ async def route_http(server: NSQDServer, request: Request) -> Response | None:
     return None
 
 
-async def _replay_args(server: NSQDServer, request: Request) -> tuple[Any, ...]:
-    """The request as another worker's replayed() takes it, its body read here (up to
-    one byte past the largest body nsqd takes, so that the owner answers 413 alike)."""
+async def _replay_args(server: NSQDServer, request: Request, limit: int | None) -> tuple[Any, ...]:
+    """The request as another worker's replayed() takes it, with its body read here as the
+    handler there reads it: up to ``limit`` (one byte more, as Go's LimitReader, so that
+    the handler's own check answers 413), none with ``limit`` None or a Content-Length
+    the handler refuses unread."""
     from nsqpy.common.httpapi import HTTPError
     from nsqpy.common.httpserver import BodyError, BodyTooLarge
 
-    opts = server.opts
-    limit = max(opts.max_body_size, opts.max_msg_size)
-    try:
-        body = await request.read(limit)
-    except BodyTooLarge:
-        body = bytes(limit + 1)  # the owner's read fails alike, with its route's code
-    except BodyError:
-        raise HTTPError(500, "INTERNAL_ERROR") from None
-    headers = dict(request.headers.items())
+    length = request.content_length
+    body = b""
+    if limit is not None and not (length is not None and length > limit):
+        try:
+            body = await request.read(limit)
+        except BodyTooLarge:
+            body = bytes(limit + 1)  # what the handler's read sees: more than its limit
+        except BodyError:
+            raise HTTPError(500, "INTERNAL_ERROR") from None
     return (
         request.method,
         request.raw_path,
         request.path,
         request.query_string,
         request.version,
-        headers,
+        dict(request.headers.items()),
         body,
+        length,
         request.secure,
         request.peername,
     )
 
 
-async def _forward(server: NSQDServer, owner: int, request: Request) -> Response:
+async def _forward(server: NSQDServer, owner: int, request: Request, limit: int | None) -> Response:
     from nsqpy.common.httpapi import HTTPError, v1_error
     from nsqpy.common.httpserver import Response
 
     try:
-        args = await _replay_args(server, request)
+        args = await _replay_args(server, request, limit)
         status, body, headers, reason = await nsqd_shards(server).call(owner, "http", *args)
     except HTTPError as err:
         return v1_error(err.status, err.text)
