@@ -98,6 +98,10 @@ if [ $# -eq 0 ]; then
     tests/e2e/test_compression.py
     tests/e2e/test_delivery.py
     tests/e2e/test_durability.py
+    tests/e2e/test_http_api.py
+    tests/e2e/test_http_expect.py
+    tests/e2e/test_http_limits.py
+    tests/e2e/test_metrics.py
   )
   echo "== pytest against the compiled wheel's nsqd: ${COMPILED_SUBSET[*]}"
   run_subset "the compiled wheel" \
