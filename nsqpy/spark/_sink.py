@@ -14,7 +14,11 @@ At least once: NSQ has no transactions and no producer idempotence, so a task th
 some ``OK``\\ s, or a micro-batch that Spark re-executes, publishes again. With
 ``markerLocation`` a streaming task writes ``<markerLocation>/<batchId>/<partitionId>`` after
 its last ``OK``, and a re-execution of that partition (same input, thanks to the source's
-log) skips it; this shrinks the duplicate window to a task that dies mid-publish.
+log) skips it; this shrinks the duplicate window to a task that dies mid-publish. The
+marker's file is written (with a placeholder count) *before* the first publish and only
+completed in place and renamed after the last ``OK``, which takes no new space: a full file
+system fails the task before anything is published, never between the last ``OK`` and the
+marker (which would publish the partition again on the retry).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 from nsqpy.spark._conn import NSQConnectionError, Publisher
 from nsqpy.spark._http import lookupd_nodes
 from nsqpy.spark._options import SinkOptions
-from nsqpy.spark._wal import report_loss
+from nsqpy.spark._wal import LogWriteError, report_loss, writing
 from nsqpy.wire.names import is_valid_topic_name
 from nsqpy.wire.v2 import encode_dpub
 
@@ -69,6 +73,8 @@ TOPIC_COLUMN: Final = "topic"
 DEFER_COLUMN: Final = "deferms"  # Spark's column names are case-insensitive: deferMs
 # Markers: the last batch whose commit the driver ran (see _check_markers).
 COMMITTED: Final = "COMMITTED"
+_MARKERS: Final = "nsq sink markers"
+_COUNT_WIDTH: Final = 20  # a marker's count, right-aligned: completed in place
 
 
 @dataclass(frozen=True)
@@ -356,13 +362,46 @@ def _check_markers(options: SinkOptions, batch_id: int, marker: str) -> None:
 
 
 def _write_marker(path: str, body: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    """Replace ``path`` with ``body`` atomically (a temporary file, fsync, rename); a failure
+    leaves the old file and no temporary one (:class:`~nsqpy.spark._wal.LogWriteError`)."""
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with writing(_MARKERS, tmp, tmp):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def _marker_body(count: int) -> bytes:
+    return f"{count:>{_COUNT_WIDTH}}\n".encode()
+
+
+def _reserve_marker(path: str) -> str:
+    """Before publishing: the marker's file, under a temporary name, with room for its count.
+    If the file system is full, the task fails here, before anything is published."""
+    pending = f"{path}.{uuid.uuid4().hex}.tmp"
+    with writing(_MARKERS, pending, pending):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(pending, "wb") as f:
+            f.write(_marker_body(0))
+            f.flush()
+            os.fsync(f.fileno())
+    return pending
+
+
+def _complete_marker(pending: str, path: str, count: int) -> None:
+    """After the last OK: the count written over the placeholder (same size, so no new
+    space), then the rename that makes the partition published."""
+    with writing(_MARKERS, path):
+        fd = os.open(pending, os.O_WRONLY)
+        try:
+            os.pwrite(fd, _marker_body(count), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(pending, path)
 
 
 def publish_partition(
@@ -388,6 +427,39 @@ def publish_partition(
     first = next(commands, None)
     if first is None:
         return NSQCommitMessage(batch_id, partition_id, 0, 0)
+    pending = None if marker is None else _reserve_marker(marker)
+    try:
+        published = _publish(options, partition_id, _chain(first, commands))
+    except BaseException:
+        if pending is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(pending)
+        raise
+    if marker is not None and pending is not None:
+        _complete_marker(pending, marker, counter[0])
+    log.info(
+        "nsq sink: batch %s partition %d: %d messages in %d MPUBs to %s in %.0fms",
+        batch_id,
+        partition_id,
+        counter[0],
+        published.acked,
+        published.address,
+        (time.monotonic() - started) * 1000,
+    )
+    return NSQCommitMessage(
+        batch_id, partition_id, counter[0], published.acked, nsqd=published.address
+    )
+
+
+@dataclass(frozen=True)
+class _Published:
+    address: str
+    acked: int
+
+
+def _publish(options: SinkOptions, partition_id: int, commands: Iterator[bytes]) -> _Published:
+    """Publish ``commands`` to one nsqd (by partition id, the next one if it cannot be
+    reached); how many commands it acknowledged."""
     addresses = _addresses(options)
     publisher: Publisher | None = None
     errors: list[str] = []
@@ -401,21 +473,10 @@ def publish_partition(
     if publisher is None:
         raise NSQConnectionError("nsq sink: no nsqd reachable: " + "; ".join(errors))
     try:
-        acked = publisher.publish(_chain(first, commands), options.publish_pipeline)
+        acked = publisher.publish(commands, options.publish_pipeline)
     finally:
         publisher.close()
-    if marker is not None:
-        _write_marker(marker, f"{counter[0]}\n".encode())
-    log.info(
-        "nsq sink: batch %s partition %d: %d messages in %d MPUBs to %s in %.0fms",
-        batch_id,
-        partition_id,
-        counter[0],
-        acked,
-        publisher.address,
-        (time.monotonic() - started) * 1000,
-    )
-    return NSQCommitMessage(batch_id, partition_id, counter[0], acked, nsqd=publisher.address)
+    return _Published(publisher.address, acked)
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -449,7 +510,13 @@ class NSQStreamWriter(DataSourceStreamArrowWriter):
                 for name in os.listdir(location):
                     if name.isdigit() and int(name) < batchId:
                         shutil.rmtree(os.path.join(location, name), ignore_errors=True)
-            _write_marker(os.path.join(location, COMMITTED), f"{batchId}\n".encode())
+            try:
+                _write_marker(os.path.join(location, COMMITTED), f"{batchId}\n".encode())
+            except LogWriteError as err:
+                raise err.explained(
+                    f"batch {batchId} was published and its markers stay: a restart from the "
+                    f"checkpoint, once there is room, skips its partitions"
+                ) from err
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         published = sum(m.messages for m in messages if isinstance(m, NSQCommitMessage))

@@ -9,7 +9,8 @@ A fresh read, in order::
                                    meanwhile reads on and Spark turns the rows into its output
         hand its rows to Spark     nothing is FIN'd yet
     CLS -> CLOSE_WAIT              nsqd stops delivering; late arrivals form a last segment
-    wait for the writer            every segment durable (a failed write fails the task)
+    wait for the writer            every segment durable (a failed write fails the task,
+                                   after giving back what it read: see below)
     SEALED (link)                  the partition is decided: exactly these segments
     FIN every id, half-close, EOF  on the receiving connection; EOF proves nsqd applied them
     FINNED                         else the ids stay "unconfirmed" and are deduped later
@@ -23,6 +24,11 @@ Why this is safe:
   the task succeeds, and it cannot succeed before the seal, which waits for every segment.
 * A crash after the seal loses nothing either: the retry, or the restart, replays the sealed
   segments (byte for byte), and the redeliveries of the unconfirmed FINs are dropped.
+* A segment or seal that cannot be written (a full file system) fails the task with a
+  :class:`~nsqpy.spark._wal.LogWriteError` naming the file, and nothing of it is left: the
+  partition is not sealed, so nothing was FIN'd; the task REQs what it read and nsqd delivers
+  it again, to a retry or, after a restart from the checkpoint, to the same batch read anew.
+  That is not data loss (``failOnDataLoss`` is about logs lost or damaged between runs).
 * An attempt that finds the partition sealed by another attempt (speculation, a zombie)
   requeues what it read and **fails**: the rows it already handed to Spark are not the sealed
   ones, so Spark must not use its output.
@@ -53,7 +59,7 @@ from nsqpy.spark._conn import (
 from nsqpy.spark._offsets import PartitionPlan
 from nsqpy.spark._options import SourceOptions
 from nsqpy.spark._schema import to_segment, with_constants
-from nsqpy.spark._wal import WAL, UnconfirmedKey
+from nsqpy.spark._wal import WAL, LogWriteError, UnconfirmedKey
 
 __all__ = ["SealLostError", "read_partition"]
 
@@ -184,7 +190,7 @@ class _SegmentWriter(threading.Thread):
 
     def _raise_failure(self) -> None:
         if self._error is not None:
-            raise OSError(f"writing the log in {self._pdir} failed: {self._error}")
+            raise self._error
 
 
 def _confirm_finish(
@@ -257,10 +263,17 @@ class _PartitionRead:
                 yield from self._collect()
                 yield from self._stop_delivery()
                 self.writer.drain()
+            except LogWriteError as err:
+                self._give_back()
+                raise self._not_sealed(err) from err
             except Exception:
                 self._give_back()  # nothing is sealed, so nothing of this attempt counts
                 raise
-            won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd, plan.topic)
+            try:
+                won = self.wal.seal(self.pdir, self.segments, self.rows, plan.nsqd, plan.topic)
+            except LogWriteError as err:  # raised only while the seal is not created
+                self._give_back()
+                raise self._not_sealed(err) from err
         finally:
             keepalive.stop()
         if not won:
@@ -270,6 +283,15 @@ class _PartitionRead:
             )
         self._test_crash_hook()
         self._finish()
+
+    def _not_sealed(self, err: LogWriteError) -> LogWriteError:
+        """A failed log write, saying also why nothing is lost."""
+        plan = self.plan
+        return err.explained(
+            f"batch {plan.batch} partition {plan.index} of the nsq source is not sealed: none "
+            f"of its messages was FIN'd, nsqd delivers them again; once walLocation takes "
+            f"writes again, a retry or a restart from the checkpoint reads them"
+        )
 
     def close_connections(self) -> None:
         for conn in self.conns:

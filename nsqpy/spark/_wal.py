@@ -25,6 +25,12 @@ of a sealed partition without ``FINNED``, the ``failed`` ids of ``FINNED``, and 
 the nsqd address and the topic, because two nsqd, or two topics of one nsqd (each has its own
 id sequence), can hand out the same id.
 
+**A write that fails** (a full or read-only file system) raises :class:`LogWriteError`,
+worded as Go's ``write <file>: no space left on device``, and leaves nothing half written: the
+temporary file is removed, so a segment or seal that failed is simply not there. A partition
+whose segment or seal could not be written was never sealed, so none of it was FIN'd: its
+messages come back from nsqd, and it is not data loss.
+
 **Data loss.** A log lost or damaged between runs (a run's directory gone, a seal that is not
 JSON, a sealed segment missing or unreadable, fewer rows than sealed) is reported by
 :meth:`WAL.lost`: a :class:`DataLossError` with ``failOnDataLoss`` (the default), else a
@@ -46,9 +52,18 @@ from typing import Any, Final
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from nsqpy.diskqueue.diskqueue import go_error
 from nsqpy.spark._schema import SEGMENT_SCHEMA, with_constants
 
-__all__ = ["WAL", "DataLossError", "Seal", "UnconfirmedKey", "report_loss"]
+__all__ = [
+    "WAL",
+    "DataLossError",
+    "LogWriteError",
+    "Seal",
+    "UnconfirmedKey",
+    "report_loss",
+    "writing",
+]
 
 log = logging.getLogger("nsqpy.spark")
 
@@ -60,11 +75,46 @@ _TRASH_PREFIX: Final = ".trash-"
 
 UnconfirmedKey = tuple[str, str, bytes]  # (nsqd TCP address, topic, 16-byte message id)
 
+_WHAT: Final = "nsq write-ahead log"
 _ADVICE: Final = " (the option failOnDataLoss=false logs this and goes on instead)"
 
 
 class DataLossError(RuntimeError):
     """The write-ahead log (or the sink's markers) was lost or damaged between runs."""
+
+
+class LogWriteError(OSError):
+    """Writing the log (or the sink's markers) failed, e.g. the file system is full. The
+    message names the file as Go's errors do (``nsq write-ahead log: write <file>: no space
+    left on device``); ``errno`` and ``filename`` are the cause's."""
+
+    def __init__(self, errno: int | None, message: str, filename: str) -> None:
+        super().__init__(errno, message, filename)  # OSError's order: pickles as it is
+        self.message = message
+
+    def explained(self, why: str) -> LogWriteError:
+        """The same error, followed by ``why`` (what it means for the data)."""
+        return LogWriteError(self.errno, f"{self.message} ({why})", self.filename)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextlib.contextmanager
+def writing(what: str, path: str, *partial: str) -> Iterator[None]:
+    """Turn an ``OSError`` of the block into a :class:`LogWriteError` (``<what>: write
+    <path>: <cause>``), after removing the ``partial`` files it may have left half written:
+    a file that failed is never read as data, nor taken for a damaged one."""
+    try:
+        yield
+    except LogWriteError:
+        raise
+    except OSError as err:
+        for leftover in partial:
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+        op = "open" if err.filename is not None else "write"
+        raise LogWriteError(err.errno, f"{what}: {go_error(op, path, err)}", path) from err
 
 
 def report_loss(message: str, fail: bool) -> None:
@@ -105,10 +155,11 @@ class WAL:
         rdir = os.path.join(self.root, run)
         if os.path.exists(os.path.join(rdir, RUN)):
             return
-        os.makedirs(rdir, exist_ok=True)
-        self._write_file(os.path.join(rdir, RUN), b"")
-        self._sync_dir(rdir)
-        self._sync_dir(self.root)
+        with writing(_WHAT, rdir):
+            os.makedirs(rdir, exist_ok=True)
+            self._write_file(os.path.join(rdir, RUN), b"")
+            self._sync_dir(rdir)
+            self._sync_dir(self.root)
 
     def check_run(self, run: str) -> None:
         """A run that planned batches must still have its log; else report the loss and mark
@@ -126,8 +177,9 @@ class WAL:
     # -- writing ----------------------------------------------------------------------------
 
     def _write_file(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path`` in full (and fsync it when configured)."""
-        with open(path, "wb") as f:
+        """Write ``data`` to ``path`` in full (and fsync it when configured); if that fails,
+        ``path`` is removed and :class:`LogWriteError` names it."""
+        with writing(_WHAT, path, path), open(path, "wb") as f:
             f.write(data)
             self._sync_file(f)
 
@@ -153,30 +205,30 @@ class WAL:
         """Write ``batch`` (:data:`~nsqpy.spark._schema.SEGMENT_SCHEMA`, or ``ARROW_SCHEMA``'s
         first columns) as a new segment of the partition (named ``name``, or a new name),
         straight from its Arrow buffers to the file; returns its file name."""
-        os.makedirs(pdir, exist_ok=True)
         if name is None:
             name = self.new_segment_name()
         tmp = os.path.join(pdir, f".{name}.tmp")
         segment = pa.RecordBatch.from_arrays(batch.columns[:4], schema=SEGMENT_SCHEMA)
-        with open(tmp, "wb") as f:
-            with pa.ipc.new_file(f, SEGMENT_SCHEMA) as writer:
-                writer.write_batch(segment)
-            self._sync_file(f)
-        os.rename(tmp, os.path.join(pdir, name))
+        with writing(_WHAT, tmp, tmp):
+            os.makedirs(pdir, exist_ok=True)
+            with open(tmp, "wb") as f:
+                with pa.ipc.new_file(f, SEGMENT_SCHEMA) as writer:
+                    writer.write_batch(segment)
+                self._sync_file(f)
+            os.rename(tmp, os.path.join(pdir, name))
         return name
 
     def seal(self, pdir: str, segments: list[str], rows: int, nsqd: str, topic: str = "") -> bool:
         """Create ``SEALED`` (the partition is exactly ``segments``) unless it exists; True if
-        this call created it."""
-        os.makedirs(pdir, exist_ok=True)
+        this call created it. :class:`LogWriteError`: the seal could not be written, and the
+        partition is not sealed."""
         tmp = os.path.join(pdir, f".seal-{uuid.uuid4().hex}.tmp")
         body = {"v": 1, "segments": segments, "rows": rows, "nsqd": nsqd, "topic": topic}
+        with writing(_WHAT, pdir):
+            os.makedirs(pdir, exist_ok=True)
         self._write_file(tmp, json.dumps(body).encode())
         try:
-            os.link(tmp, os.path.join(pdir, SEALED))
-            won = True
-        except FileExistsError:
-            won = False
+            won = _link(tmp, os.path.join(pdir, SEALED))
         finally:
             os.unlink(tmp)
         self._sync_dir(pdir)
@@ -186,7 +238,8 @@ class WAL:
         """Record that nsqd confirmed the FINs of the partition, except ``failed``."""
         tmp = os.path.join(pdir, f".finned-{uuid.uuid4().hex}.tmp")
         self._write_file(tmp, json.dumps({"failed": [i.decode("ascii") for i in failed]}).encode())
-        os.rename(tmp, os.path.join(pdir, FINNED))
+        with writing(_WHAT, os.path.join(pdir, FINNED), tmp):
+            os.rename(tmp, os.path.join(pdir, FINNED))
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -373,7 +426,8 @@ class WAL:
         tmp = os.path.join(udir, f".{uuid.uuid4().hex}.tmp")
         body = {"nsqd": found[0], "topic": found[1], "ids": [i.decode("ascii") for i in found[2]]}
         self._write_file(tmp, json.dumps(body).encode())
-        os.rename(tmp, target)
+        with writing(_WHAT, target, tmp):
+            os.rename(tmp, target)
         log.info("nsq wal: %d unconfirmed ids of %s/%s/%s kept", len(found[2]), run, batch, index)
 
     def _expire_unconfirmed(self, retention: float) -> None:
@@ -384,6 +438,17 @@ class WAL:
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(path).st_mtime < cutoff:
                     os.unlink(path)
+
+
+def _link(source: str, target: str) -> bool:
+    """``link(2)`` ``source`` to ``target`` unless ``target`` exists (atomic create-if-absent):
+    True if this call created it."""
+    with writing(_WHAT, target):
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            return False
+    return True
 
 
 def _listdir(path: str, *, include_hidden: bool = False) -> list[str]:

@@ -16,7 +16,7 @@ from nsqpy.spark._options import SinkOptions, SourceOptions
 from nsqpy.spark._schema import to_record_batch
 from nsqpy.spark._sink import encode_mpubs
 from nsqpy.spark._task import SealLostError, read_partition
-from nsqpy.spark._wal import WAL
+from nsqpy.spark._wal import WAL, LogWriteError
 from tests.spark._helpers import channel_stats, create_channel, numbered, publish, wait_until
 from tests.spark.conftest import Cluster
 
@@ -264,7 +264,11 @@ def test_failed_log_write_fails_the_task_and_seals_nothing(
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
     try:
-        with pytest.raises(OSError, match=r"writing the log in .* failed: .*File too large"):
+        with pytest.raises(
+            LogWriteError,
+            match=r"^nsq write-ahead log: write .*/r/1/0/\.seg-\w+\.arrow\.tmp: file too large "
+            r"\(batch 1 partition 0 of the nsq source is not sealed",
+        ):
             for _ in read_partition(plan, options):
                 pass
     finally:
@@ -272,7 +276,7 @@ def test_failed_log_write_fails_the_task_and_seals_nothing(
         signal.signal(signal.SIGXFSZ, previous)
     pdir = WAL(str(tmp_path)).partition_dir("r", 1, 0)
     assert not os.path.exists(os.path.join(pdir, "SEALED"))
-    assert not [name for name in os.listdir(pdir) if name.endswith(".arrow")]
+    assert not [name for name in os.listdir(pdir) if name.endswith((".arrow", ".tmp"))]
     wait_until(
         "the messages back", lambda: channel_stats(cluster.http(), topic, "c")["depth"] == 200, 10
     )

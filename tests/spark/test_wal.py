@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -12,7 +13,8 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from nsqpy.spark._conn import Columns
 from nsqpy.spark._schema import ARROW_SCHEMA, SCHEMA, columns_of, to_record_batch
-from nsqpy.spark._wal import WAL
+from nsqpy.spark._sink import _complete_marker, _reserve_marker
+from nsqpy.spark._wal import WAL, LogWriteError
 
 
 def _batch(ids: list[bytes]) -> Any:
@@ -136,3 +138,43 @@ def test_segment_replay_with_columns(tmp_path: Path) -> None:
     assert batch.column("id").to_pylist() == [i.decode() for i in ids]
     assert batch.column("nsqd").to_pylist() == ["n:1"] * 3
     assert batch.column("body").to_pylist() == [b"body-0", b"body-1", b"body-2"]
+
+
+def _no_space(*_: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_failed_write_names_the_file_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (fsync refused): LogWriteError ``write <file>: no space left on device``,
+    no temporary file left, no segment, no seal; once there is room the partition seals."""
+    wal = WAL(str(tmp_path))
+    pdir = wal.partition_dir("r", 1, 0)
+    monkeypatch.setattr(os, "fsync", _no_space)
+    with pytest.raises(LogWriteError, match=rf"^nsq write-ahead log: write {pdir}/\.seg-\w+"
+                       r"\.arrow\.tmp: no space left on device$") as err:  # fmt: skip
+        wal.write_segment(pdir, _batch(_ids(3)))
+    assert err.value.errno == errno.ENOSPC
+    with pytest.raises(LogWriteError, match=r"/\.seal-\w+\.tmp: no space left on device$"):
+        wal.seal(pdir, [], 0, "n:1")
+    assert os.listdir(pdir) == []
+    assert wal.read_seal(pdir) is None  # not sealed, not damaged: read from nsqd again
+    monkeypatch.undo()
+    assert wal.seal(pdir, [wal.write_segment(pdir, _batch(_ids(3)))], 3, "n:1")
+
+
+def test_sink_marker_room_is_taken_before_publishing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker's file is reserved before the first publish and completed in place."""
+    path = str(tmp_path / "7" / "0")
+    pending = _reserve_marker(path)
+    size = os.path.getsize(pending)
+    _complete_marker(pending, path, 12345)
+    assert os.path.getsize(path) == size and int(Path(path).read_bytes()) == 12345
+    assert os.listdir(tmp_path / "7") == ["0"]
+    monkeypatch.setattr(os, "fsync", _no_space)
+    with pytest.raises(LogWriteError, match=r"^nsq sink markers: write .*/8/0\.\w+\.tmp: no space"):
+        _reserve_marker(str(tmp_path / "8" / "0"))
+    assert os.listdir(tmp_path / "8") == []
