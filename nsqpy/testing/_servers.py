@@ -314,8 +314,10 @@ class NSQD(_Server):
         post(f"{base}/topic/create?topic={topic}", context=ctx)
 
     def create_channel(self, topic: str, channel: str) -> None:
-        """``POST /channel/create`` (creates the topic too)."""
+        """``POST /topic/create``, then ``POST /channel/create`` (which, as Go's, answers
+        404 ``TOPIC_NOT_FOUND`` for a topic that does not exist)."""
         base, ctx = self._api()
+        post(f"{base}/topic/create?topic={topic}", context=ctx)
         post(f"{base}/channel/create?topic={topic}&channel={channel}", context=ctx)
 
     def depth(self, topic: str, channel: str | None = None) -> int:
