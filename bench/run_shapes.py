@@ -190,26 +190,31 @@ def run_go_tool(binary: Path, args: list[str], workers: int, timeout_s: float) -
     return ToolResult(line=line, stats={"ops": round(ops_per_s * seconds), "ops_per_s": ops_per_s})
 
 
+def tool_args(shape: Shape, nsqd: Nsqd, runfor: str, deadline: str) -> tuple[list[str], list[str]]:
+    """The arguments of ``bench_writer.py`` and ``bench_reader.py`` for ``shape``."""
+    common = [
+        f"--nsqd-tcp-address={nsqd.tcp_address}",
+        f"--runfor={runfor}",
+        f"--size={shape.size}",
+        f"--topic={TOPIC}",
+        f"--workers={shape.workers}",
+        f"--deadline={deadline}",
+    ]
+    writer = [*common, f"--batch-size={shape.batch}", f"--mode={shape.mode}"]
+    if shape.rate:
+        writer.append(f"--rate={shape.rate}")
+    if shape.mode == "http":
+        writer.append(f"--nsqd-http-address={http_address(nsqd)}")
+    return writer, [*common, f"--channel={CHANNEL}", f"--rdy={shape.rdy}"]
+
+
 def run_shape(
     cmd: list[str], shape: Shape, runfor: str, runfor_s: float, go_tools: Path | None = None
 ) -> ShapeResult:
     with running_nsqd(cmd, [f"--mem-queue-size={shape.mem_queue_size}"]) as nsqd:
         create_channel(nsqd.tcp_host, nsqd.tcp_port, TOPIC, CHANNEL)
         deadline, start = go_deadline(1.0)
-        common = [
-            f"--nsqd-tcp-address={nsqd.tcp_address}",
-            f"--runfor={runfor}",
-            f"--size={shape.size}",
-            f"--topic={TOPIC}",
-            f"--workers={shape.workers}",
-            f"--deadline={deadline}",
-        ]
-        writer = [*common, f"--batch-size={shape.batch}", f"--mode={shape.mode}"]
-        if shape.rate:
-            writer.append(f"--rate={shape.rate}")
-        if shape.mode == "http":
-            writer.append(f"--nsqd-http-address={http_address(nsqd)}")
-        reader = [*common, f"--channel={CHANNEL}", f"--rdy={shape.rdy}"]
+        writer, reader = tool_args(shape, nsqd, runfor, deadline)
         results: dict[str, ToolResult | BaseException] = {}
         use_go = go_tools is not None and shape.mode == "mpub"
 

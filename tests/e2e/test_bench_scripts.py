@@ -586,6 +586,18 @@ def test_run_shapes_beside_go(go_dir: Path) -> None:
     check_shapes(result, shapes, ["nsqpy", "#1 nsqd"])
 
 
+@covers("profile_shape.py", "ours")
+def test_profile_shape() -> None:
+    result = python_script("profile_shape.py", "--runfor", "0.2s", "--shape", "200B-pub")
+    m = result.one(
+        r"^200B-pub: pub ([\d,]+) / sub ([\d,]+) msgs/s; server ([\d.]+) us/msg"
+        r" \(user [\d.]+, system [\d.]+\); context switches per msg [\d.]+ voluntary,"
+        r" [\d.]+ involuntary$",
+        result.stdout,
+    )
+    assert number(m.group(1)) > 0 and number(m.group(3)) > 0, result.tail()
+
+
 # -- the Spark connector ------------------------------------------------------------------------
 
 
