@@ -45,10 +45,12 @@ class Result:
 
 
 def run_once(
-    cmd: list[str], topics: int, go_tools: Path, runfor: str, size: int, batch: int
+    cmd: list[str], topics: int, go_tools: Path, runfor: str, size: int, batch: int, readers: bool
 ) -> Result:
     runfor_s = parse_go_duration_s(runfor)
-    with running_nsqd(cmd, []) as nsqd:
+    # publishing only: everything stays in memory (the disk queue is another benchmark)
+    extra = [] if readers else ["--mem-queue-size=100000000"]
+    with running_nsqd(cmd, extra) as nsqd:
         names = [f"bench_{i}" for i in range(topics)]
         for name in names:
             create_channel(nsqd.tcp_host, nsqd.tcp_port, name, "ch")
@@ -75,9 +77,10 @@ def run_once(
             threads.append(
                 threading.Thread(target=run, args=(f"pub {name}", "bench_writer", writer))
             )
-            threads.append(
-                threading.Thread(target=run, args=(f"sub {name}", "bench_reader", reader))
-            )
+            if readers:
+                threads.append(
+                    threading.Thread(target=run, args=(f"sub {name}", "bench_reader", reader))
+                )
         for t in threads:
             t.start()
         time.sleep(max(0.0, start - time.monotonic()))
@@ -112,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runfor", default="5s")
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument(
+        "--no-readers",
+        action="store_true",
+        help="publish only (the readers' CPU left to the server): capacity to take messages in",
+    )
     args = parser.parse_args(argv)
     configs: list[tuple[str, list[str]]] = [
         (f"nsqpy --workers={w}", [*args.ours.split(), f"--workers={w}"])
@@ -121,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     topic_counts = [int(x) for x in args.topics.split(",")]
     print(
         f"{args.size} B messages, MPUB batches of {args.batch_size}, {args.runfor} per round, "
-        f"{args.rounds} rounds; per topic one bench_writer and one bench_reader (GOMAXPROCS=1)"
+        f"{args.rounds} rounds; per topic one bench_writer"
+        + ("" if args.no_readers else " and one bench_reader")
+        + " (GOMAXPROCS=1)"
     )
     print(
         f"{'nsqd':24} {'topics':>6} {'pub msgs/s':>12} {'sub msgs/s':>12} {'µs/msg':>8} {'cores':>6}"
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                             args.runfor,
                             args.size,
                             args.batch_size,
+                            not args.no_readers,
                         )
                     )
                     r = runs[-1]

@@ -25,12 +25,15 @@ def server_side_timer(address: str) -> tuple[int, float]:
         client_port = conn.getsockname()[1]
         deadline = time.monotonic() + 5
         while True:
-            for line in open("/proc/net/tcp").read().splitlines()[1:]:
+            with open("/proc/net/tcp") as table:
+                lines = table.read().splitlines()[1:]
+            for line in lines:
                 fields = line.split()
                 local, remote = fields[1], fields[2]
-                if int(local.split(":")[1], 16) == int(port) and int(
-                    remote.split(":")[1], 16
-                ) == client_port:
+                if (
+                    int(local.split(":")[1], 16) == int(port)
+                    and int(remote.split(":")[1], 16) == client_port
+                ):
                     kind, when = fields[5].split(":")
                     return int(kind, 16), int(when, 16) / USER_HZ
             assert time.monotonic() < deadline, "the server's socket is not in /proc/net/tcp"
