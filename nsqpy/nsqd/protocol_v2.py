@@ -676,7 +676,9 @@ class ClientV2(asyncio.Protocol):
         self._flush_timer = None
         loop = asyncio.get_running_loop()
         # (the timer was set for a tick: round off its lateness, or a hair of earliness)
-        self._tick_taken = round((loop.time() - self._ticks_from) / self.output_buffer_timeout)
+        self._tick_taken = float(
+            round((loop.time() - self._ticks_from) / self.output_buffer_timeout)
+        )
         self._flush()
 
     def _flush(self) -> None:
