@@ -18,6 +18,7 @@ import os
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -124,6 +125,10 @@ class ClientV2(asyncio.Protocol):
         self._shards = nsqd.shards
         self._moved_in: bytes | None = None
         self._eof_later = False
+        # Publishes forwarded to their topic's worker and not yet answered, in the order of
+        # the output: frames that may go (lists) and the answers awaited (_Forward). Empty
+        # but while some are awaited; _flush then writes up to the first one.
+        self._forwards: deque[list[bytes] | _Forward] = deque()
         self.tls = False
         self.tls_version = ""
         self.tls_cipher_suite = ""
@@ -236,7 +241,12 @@ class ClientV2(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         """The client closed its side: a command cut short gets Go's "failed to read" error."""
-        if self._moved_in is not None or self._suspended is not None or self._held_syncs:
+        if (
+            self._moved_in is not None
+            or self._suspended is not None
+            or self._held_syncs
+            or self._forwards
+        ):
             # (a connection moved here from another worker reads at once, while what it
             # had read there is still to be handled: the end waits for that)
             self._eof_later = True
@@ -251,6 +261,7 @@ class ClientV2(asyncio.Protocol):
             and not self._closed
             and self._suspended is None
             and not self._held_syncs
+            and not self._forwards
         ):
             self._eof_later = False
             self._send_truncated_error()
@@ -689,9 +700,16 @@ class ClientV2(asyncio.Protocol):
             self._flush_timer = None
         out = self._out
         self._respond_now = False
+        if self._forwards:
+            self._flush_forwarded()
+            return
         if not out or self._closed or self.transport is None:
             return
         self._out = []
+        self._write(out)
+
+    def _write(self, out: list[bytes]) -> None:
+        assert self.transport is not None
         big_pieces = self._out_bytes >= _WRITEV_MIN_PIECE * len(out)
         self._out_bytes = 0
         if big_pieces and self._encoder is None:
@@ -1083,7 +1101,8 @@ class ClientV2(asyncio.Protocol):
     ) -> None:
         topic_name = topic_bytes.decode("utf-8", "surrogateescape")  # wire_str, inlined
         if self._shards is not None and not self._shards.owns(topic_name):
-            raise self._publish_elsewhere(cmd, code, topic_bytes, bodies, delay)
+            self._publish_elsewhere(cmd, code, topic_bytes, bodies, delay)
+            return
         try:
             count, starting = self.nsqd.publish(topic_name, bodies, delay)
         except BackendError as err:
@@ -1104,12 +1123,16 @@ class ClientV2(asyncio.Protocol):
 
     def _publish_elsewhere(
         self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes] | MPubBody, delay: float
-    ) -> _Suspend:
+    ) -> None:
         """A publish to a topic another worker owns: the connection moves there if it can
-        (it then publishes there, and so do its next publishes), else it is forwarded."""
+        (it then publishes there, and so do its next publishes; raises _Suspend), else the
+        publish is forwarded, and the commands after it go on meanwhile (its answer keeps
+        its place in the output: _Forward)."""
         if not isinstance(bodies, list):
             bodies = mpub_bodies(bodies)
         topic_name = wire_str(topic_bytes)
+        shards = self._shards
+        assert shards is not None
         if self._can_move():
             if cmd == "PUB":
                 replay = encode_command(b"PUB", topic_bytes, body=bodies[0])
@@ -1118,31 +1141,63 @@ class ClientV2(asyncio.Protocol):
                 replay = encode_command(b"DPUB", topic_bytes, delay_ms, body=bodies[0])
             else:
                 replay = encode_mpub(topic_name, bodies)
-            return _Suspend(self._to_owner(topic_name, replay, relay=False))
+            raise _Suspend(self._to_owner(topic_name, replay, relay=False))
+        forward = _Forward(cmd, code, topic_bytes)
+        self._forwards.append(self._out)  # what came before it goes first
+        self._forwards.append(forward)
+        self._out = []
+        answer = shards.call(shards.owner(topic_name), "publish", topic_name, bodies, delay)
+        answer.add_done_callback(lambda done: self._forwarded(forward, done))
 
-        def published(count: int) -> None:
-            self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + count
-            self._respond(FRAME_OK)
+    def _forwarded(self, forward: _Forward, done: asyncio.Future[Any]) -> None:
+        """The answer to a forwarded publish: its OK, or the error that ends the connection
+        (as the publish's own error would have)."""
+        failure = None if done.cancelled() else done.exception()
+        if failure is None and not done.cancelled():
+            topic_name = wire_str(forward.topic)
+            self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + done.result()
+            forward.frame = FRAME_OK
+        else:
+            if isinstance(failure, RemoteError) and failure.kind == "InvalidNameError":
+                text = bad_topic(forward.cmd.encode(), forward.topic).text
+            elif isinstance(failure, RemoteError):
+                text = f"{forward.code} {forward.cmd} failed {failure.text}"
+            else:
+                text = f"{forward.code} {forward.cmd} failed {failure or 'cancelled'}"
+            forward.frame = encode_error(text)
+            forward.fatal = text
+        if not self._closed:
+            self._flush()
 
-        work = self._forward_publish(cmd, code, topic_bytes, bodies, delay)
-        return _Suspend(work, then=published)
-
-    async def _forward_publish(
-        self, cmd: str, code: str, topic_bytes: bytes, bodies: list[bytes], delay: float
-    ) -> int:
-        assert self._shards is not None
-        topic_name = wire_str(topic_bytes)
-        try:
-            count: int = await self._shards.call(
-                self._shards.owner(topic_name), "publish", topic_name, bodies, delay
-            )
-        except RemoteError as err:
-            if err.kind == "InvalidNameError":
-                raise bad_topic(cmd.encode(), topic_bytes) from None
-            raise ProtocolError(code, f"{cmd} failed {err.text}") from None
-        except ConnectionError as lost:
-            raise ProtocolError(code, f"{cmd} failed {lost}") from None
-        return count
+    def _flush_forwarded(self) -> None:
+        """_flush while forwarded publishes are awaited: everything up to the first one."""
+        queue = self._forwards
+        if self._out:
+            queue.append(self._out)
+            self._out = []
+        ready: list[bytes] = []
+        fatal = ""
+        while queue:
+            head = queue[0]
+            if isinstance(head, _Forward):
+                if head.frame is None:
+                    break
+                ready.append(head.frame)
+                fatal = head.fatal
+                queue.popleft()
+                if fatal:
+                    queue.clear()  # Go would not have read what came after it
+                    break
+            else:
+                ready += head
+                queue.popleft()
+        if ready and not self._closed and self.transport is not None:
+            self._write(ready)
+        if fatal and not self._closed:
+            self.nsqd.logger.error(f"[{self}] - {fatal}")
+            self._close_after_flush()
+        elif not queue and self._eof_later:
+            self._deferred_eof()
 
     def _can_move(self) -> bool:
         """A plain connection that holds nothing here can move (its socket, its state)."""
@@ -1162,8 +1217,11 @@ class ClientV2(asyncio.Protocol):
         through, keeping the TLS or compression."""
         shards, transport, parser = self._shards, self.transport, self.parser
         assert shards is not None and transport is not None and parser is not None
-        # what earlier commands answered goes out first (a --sync-every=1 OK waits its fsync)
-        while (self._held_syncs or transport.get_write_buffer_size()) and not self._closed:
+        # what earlier commands answered goes out first (a --sync-every=1 OK waits its fsync,
+        # a forwarded publish its answer)
+        while (
+            self._held_syncs or self._forwards or transport.get_write_buffer_size()
+        ) and not self._closed:
             await asyncio.sleep(0.001)
         if self._closed:
             return
@@ -1275,6 +1333,19 @@ class ClientV2(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._flush_timer = self._heartbeat_timer = None
+
+
+class _Forward:
+    """A forwarded publish's place in its connection's output, until its answer comes."""
+
+    __slots__ = ("cmd", "code", "fatal", "frame", "topic")
+
+    def __init__(self, cmd: str, code: str, topic: bytes) -> None:
+        self.cmd = cmd
+        self.code = code
+        self.topic = topic
+        self.frame: bytes | None = None
+        self.fatal = ""  # the error's text, when the answer ends the connection
 
 
 class _Relay(asyncio.Protocol):

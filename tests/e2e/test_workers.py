@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from nsqpy.wire.v2 import encode_pub
 from tests.e2e.test_nsqlookupd import LOOKUPD
 from tests.support.procs import NSQD, ServerProcess, run_once, start_server
 from tests.support.rawclient import RawClient, consumer
@@ -253,3 +254,32 @@ def test_bad_workers_flag(value: str) -> None:
     result = run_once(NSQD, [f"--workers={value}", "--data-path=/nonexistent"])
     assert result.returncode != 0
     assert "workers" in result.stderr
+
+
+def test_forwarded_publishes_are_pipelined_and_answered_in_order(
+    nsqd_factory: NsqdFactory,
+) -> None:
+    """A subscribed connection cannot move: its publishes to the other worker's topics are
+    forwarded, without waiting for each answer before reading the next command, and every
+    answer still comes in the order of the commands (a local error between them too)."""
+    nsqd = nsqd_factory(workers=2)
+    here = TOPICS[0]
+    there = next(t for t in TOPICS if owner(t) != owner(here))
+    with consumer(nsqd.tcp_address, here, "ch") as client:
+        client.send(
+            encode_pub(there, b"1")
+            + b"FIN 0123456789abcdef\n"  # answered here, at once: E_FIN_FAILED
+            + encode_pub(there, b"2")
+            + encode_pub(here, b"local")
+        )
+        client.expect_response(b"OK")
+        client.expect_error(
+            "E_FIN_FAILED FIN 0123456789abcdef failed ID not in flight", fatal=False
+        )
+        client.expect_response(b"OK")
+        client.expect_response(b"OK")
+        count = 2000  # all sent before the first answer is read
+        client.send(b"".join(encode_pub(there, b"%d" % i) for i in range(count)))
+        for _ in range(count):
+            client.expect_response(b"OK")
+    assert depths(nsqd)[there] == count + 2
