@@ -116,6 +116,7 @@ if [ $# -eq 0 ]; then
     tests/e2e/test_http_api.py
     tests/e2e/test_tls.py
     tests/e2e/test_compression.py
+    tests/e2e/test_policies.py
   )
   echo "== pytest against nsqd --workers=2 (the compiled wheel's): ${WORKERS_SUBSET[*]}"
   run_subset "nsqd --workers=2" \

@@ -30,6 +30,7 @@ from nsqpy.common.log import Logger
 from nsqpy.common.net import format_address, is_unix_address, split_host_port
 from nsqpy.nsqd import metadata
 from nsqpy.nsqd.backend import BackendError
+from nsqpy.nsqd.message import GUIDFactory
 from nsqpy.nsqd.metadata import DataDirLock, MetadataError, TopicMeta
 from nsqpy.nsqd.policy import POLICY_FILE
 from nsqpy.nsqd.shards import Shards, owner_of
@@ -248,6 +249,9 @@ def attach(server: NSQDServer, setup: WorkerSetup) -> Shards:
     nsqd = server.nsqd
     nsqd.shards = shards
     nsqd.deferred_name = metadata.deferred_file(setup.index)
+    # Message IDs are unique per topic and node (Go's guid.go); a worker's topic may take in
+    # another worker's message (a dead letter), so each worker has its own node ID bits.
+    nsqd.ids = GUIDFactory((server.opts.node_id + setup.index) % 1024)
     from nsqpy.nsqd.protocol_v2 import number_clients
 
     number_clients(setup.index + 1, setup.count)
