@@ -209,7 +209,9 @@ def test_deferred_file_written_when_space_comes_during_exit(mounts: Mount) -> No
     nsqd.process.wait_for_log(r"failed to persist metadata - .*no space left on device")
     filler.unlink()
     assert nsqd.process.wait(10) == 0
-    due = json.loads((path / "nsqd.deferred.dat").read_bytes())["due"]
+    # (with --workers, NSQPY_NSQD_WORKERS, the topic's worker writes nsqd.deferred.<i>.dat)
+    (side_file,) = path.glob("nsqd.deferred*.dat")
+    due = json.loads(side_file.read_bytes())["due"]
     assert list(due) == [f"{TOPIC}:c"], due
     (due_ns,) = due[f"{TOPIC}:c"].values()
     assert due_ns > time.time_ns() + 30e9
