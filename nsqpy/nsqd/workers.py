@@ -453,9 +453,10 @@ def _create_topic(server: NSQDServer, name: str) -> None:
 
 def _local_stats(
     server: NSQDServer, topic: str, channel: str, include_clients: bool
-) -> tuple[Any, Any, str | None, int]:
+) -> tuple[Any, Any, str | None, int, dict[str, list[str]]]:
     """This worker's part of /stats: its topics, its connections that published, its
-    health and how many connections it serves."""
+    health, how many connections it serves, and the dead-letter sources its channels name
+    (a dead-letter topic may be another worker's)."""
     from nsqpy.nsqd.stats import client_stats, get_stats
 
     nsqd, clients = server.nsqd, server.clients
@@ -464,7 +465,8 @@ def _local_stats(
     if topic and stats["topics"] is None and include_clients:  # (get_stats returned early)
         ordered = sorted(clients, key=lambda conn: conn.id)
         producers = [client_stats(conn, topic) for conn in ordered if conn.pub_counts]
-    return stats["topics"], producers, nsqd.health_error, len(clients)
+    sources = {name: sorted(srcs) for name, srcs in nsqd.policies.sources.items() if srcs}
+    return stats["topics"], producers, nsqd.health_error, len(clients), sources
 
 
 async def _http(server: NSQDServer, *args: Any) -> tuple[int, bytes, dict[str, str], str | None]:
@@ -615,7 +617,8 @@ async def gather_stats(
     producers: list[Any] | None = None
     health = "OK"
     connections = 0
-    for part_topics, part_producers, error, count in parts:
+    sources: dict[str, set[str]] = {}
+    for part_topics, part_producers, error, count, part_sources in parts:
         if part_topics is not None:
             topics = [*(topics or []), *part_topics]
         if part_producers:
@@ -623,8 +626,26 @@ async def gather_stats(
         if error and health == "OK":
             health = f"NOK - {error}"
         connections += count
+        for name, names in part_sources.items():
+            sources.setdefault(name, set()).update(names)
     if topics is not None:
         topics.sort(key=lambda t: str(t["topic_name"]))
+        if sources:
+            topics = [_with_sources(t, sources.get(t["topic_name"])) for t in topics]
     elif topic:
         producers = None  # Go returns early for a topic it does not have
     return {"topics": topics, "producers": producers}, health, connections
+
+
+def _with_sources(topic: dict[str, Any], sources: set[str] | None) -> dict[str, Any]:
+    """A topic's stats entry with the dead-letter sources of every worker's channels, where
+    one worker's policy.stats_fields puts them (after the e2e latency)."""
+    if not sources:
+        return topic
+    out: dict[str, Any] = {}
+    for key, value in topic.items():
+        if key != "dead_letter_sources":
+            out[key] = value
+        if key == "e2e_processing_latency":
+            out["dead_letter_sources"] = sorted(sources)
+    return out

@@ -223,6 +223,33 @@ def test_policies_of_every_worker_are_kept(nsqd_factory: NsqdFactory, tmp_path: 
         assert reply["policy"]["message_ttl"] == "1h0m0s", reply
 
 
+def test_dead_letters_to_another_workers_topic(nsqd_factory: NsqdFactory) -> None:
+    """A channel of worker 0 dead-letters to a topic of worker 1: the dead letter has an
+    ID of its own (each worker's IDs carry its own node bits), and the dead-letter topic's
+    /stats entry names its source, as with one worker (nsqadmin links back by it)."""
+    source = next(t for t in TOPICS if owner(t) == 0)
+    target = next(t for t in TOPICS if owner(t) == 1)
+    nsqd = nsqd_factory(workers=2)
+    http(nsqd, "POST", f"/topic/create?topic={source}")
+    http(nsqd, "POST", f"/channel/create?topic={source}&channel=c")
+    policy = json.dumps({"max_attempts": 1, "dead_letter_topic": target}).encode()
+    http(nsqd, "POST", f"/channel/policy?topic={source}&channel=c", policy)
+    with consumer(nsqd.tcp_address, source, "c", rdy=1) as c:
+        with RawClient(nsqd.tcp_address) as pub:
+            pub.pub(source, b"once")
+        first = c.read_message()
+        c.req(first.id, 0)  # its one attempt is used up: dead-lettered at once
+        c.expect_no_frame(0.2)
+    with consumer(nsqd.tcp_address, target, "dl", rdy=1) as c:
+        parked = c.read_message()
+    assert parked.body == b"once" and parked.timestamp == first.timestamp
+    assert parked.id != first.id
+    (entry,) = stats(nsqd, f"&topic={target}")["topics"]
+    assert entry["dead_letter_sources"] == [f"{source}:c"], entry
+    keys = list(entry)
+    assert keys.index("dead_letter_sources") == keys.index("e2e_processing_latency") + 1
+
+
 def test_a_dead_worker_takes_the_node_down(nsqd_factory: NsqdFactory) -> None:
     nsqd = nsqd_factory(workers=2)
     workers = children(nsqd.pid)
