@@ -34,6 +34,7 @@ import random
 import re
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Final, NoReturn, TypeAlias
@@ -263,6 +264,16 @@ class DiskQueue:
         self._roff = 0
         self._chunk = max(1, read_chunk_size)
 
+        # Reads held until their messages are finished (hold_reads): each read_many that
+        # returned records as (its first record's sequence number, file, position), oldest
+        # first; the metadata names the oldest still held as the read position, so that a
+        # kill -9 gives back what was read but not finished. None: a read is final, as Go's.
+        self.read_seq = 0  # records read so far (the sequence number of the next one)
+        self._held: deque[tuple[int, int, int]] | None = None
+        self._floor: Callable[[], int] | None = None
+        self._kept_files: list[int] = []  # read to their end, kept for the held reads
+        self._reading_from = -1  # the file the running read_many started in (held reads)
+
         # sync coordination with worker threads
         self._meta_lock = threading.Lock()
         self._gen = 0  # bumped by empty()/delete(): older SyncJobs must not write metadata
@@ -290,6 +301,67 @@ class DiskQueue:
         ):
             return 1
         return depth
+
+    def hold_reads(self, floor: Callable[[], int]) -> None:
+        """Keep reads until their messages are finished: ``floor()`` says the sequence number
+        (``read_seq`` at the time of reading, plus its place in the batch) of the oldest
+        record still held, or ``read_seq`` when none is. Syncs persist that record's
+        position as the read position (its depth counted back in), and files are deleted
+        only once no held record is in them. Divergence: Go's reads are final, and a kill -9
+        loses what was read but not yet finished."""
+        self._held = deque()
+        self._floor = floor
+
+    def release_all(self) -> None:
+        """Every read is final now (what was held was written back or dropped)."""
+        if self._held is not None:
+            self._held.clear()
+            self._remove_kept_files()
+
+    def _release(self) -> None:
+        """Forget the reads before the oldest one held, and delete the files they were in."""
+        held = self._held
+        if not held:
+            return
+        assert self._floor is not None
+        floor = self._floor()
+        if floor >= self.read_seq:
+            held.clear()
+        else:
+            while len(held) > 1 and held[1][0] <= floor:
+                held.popleft()
+        self._remove_kept_files()
+
+    def _remove_kept_files(self) -> None:
+        if not self._kept_files:
+            return
+        oldest = self._held[0][1] if self._held else self._read_file_num
+        kept = []
+        for num in self._kept_files:
+            if num < oldest:
+                self._remove_read_file(num)
+            else:
+                kept.append(num)
+        self._kept_files = kept
+
+    def _done_with_file(self, num: int) -> None:
+        """A file read to its end: deleted, unless a held read is in it (or before it)."""
+        held = self._held
+        if (held and held[0][1] <= num) or 0 <= self._reading_from <= num:
+            # (a read_many that started in this file has not recorded where yet)
+            self._kept_files.append(num)
+        else:
+            self._remove_read_file(num)
+
+    def _remove_read_file(self, num: int) -> None:
+        fn = self._file_name(num)
+        try:
+            os.remove(fn)
+        except OSError as e:
+            self._logf(
+                ERROR,
+                f"DISKQUEUE({self.name}) failed to Remove({fn}) - {go_error('remove', fn, e)}",
+            )
 
     @property
     def last_error(self) -> str | None:
@@ -411,6 +483,9 @@ class DiskQueue:
         file). Raises :class:`DiskQueueError` only when closed or for a resource error
         (EMFILE, ENOMEM...) that says nothing about the file.
         """
+        if self._held is not None:
+            one = self.read_many(1)
+            return one[0] if one else None
         if self._r_open:
             # Fast path (see read_many): a whole record in the read-ahead buffer that neither
             # ends a completed file nor reaches the write position. (close() clears _r_open.)
@@ -464,6 +539,10 @@ class DiskQueue:
         append = out.append
         lo, hi = self._min_msg_size, self._max_msg_size
         unpack = _unpack_len
+        mark: tuple[int, int, int] | None = None
+        if self._held is not None:
+            mark = (self.read_seq, self._read_file_num, self._read_pos)
+            self._reading_from = self._read_file_num
         while len(out) < max_count:
             if self._r_open:
                 # Fast path: records wholly inside the read-ahead buffer that neither end the
@@ -501,6 +580,14 @@ class DiskQueue:
             if data is None:
                 break
             append(data)
+        if mark is not None:
+            self._reading_from = -1
+            if out:
+                assert self._held is not None
+                self._held.append(mark)
+                self.read_seq += len(out)
+            elif self._kept_files and not self._held:
+                self._remove_kept_files()
         return out
 
     def needs_sync(self) -> bool:
@@ -515,7 +602,7 @@ class DiskQueue:
 
         Go's ioLoop on ``syncTicker.C``: ``if count == 0 { continue }``.
         """
-        return self._need_sync or self._count > 0
+        return self._need_sync or self._count > 0 or bool(self._held)
 
     def sync(self) -> None:
         """Flush, fsync the write file and persist the metadata, all on this thread."""
@@ -762,13 +849,25 @@ class DiskQueue:
                 self._need_sync = True
                 raise DiskQueueError(go_error("dup", path, e)) from e
         self._sync_seq += 1
-        snap = (
-            self._depth,
-            self._read_file_num,
-            self._read_pos,
-            self._write_file_num,
-            self._write_pos,
-        )
+        self._release()
+        if self._held:
+            # the oldest read not yet finished is where a restart reads from again
+            first_seq, file_num, pos = self._held[0]
+            snap = (
+                self._depth + self.read_seq - first_seq,
+                file_num,
+                pos,
+                self._write_file_num,
+                self._write_pos,
+            )
+        else:
+            snap = (
+                self._depth,
+                self._read_file_num,
+                self._read_pos,
+                self._write_file_num,
+                self._write_pos,
+            )
         self._need_sync = False
         return SyncJob(self, fds, snap, self._gen, self._sync_seq)
 
@@ -1044,14 +1143,7 @@ class DiskQueue:
         self._read_file_num += 1
         self._read_pos = 0
         self._need_sync = True
-        fn = self._file_name(old)
-        try:
-            os.remove(fn)
-        except OSError as e:
-            self._logf(
-                ERROR,
-                f"DISKQUEUE({self.name}) failed to Remove({fn}) - {go_error('remove', fn, e)}",
-            )
+        self._done_with_file(old)
         self._check_tail_corruption(self._depth)
 
     def _move_forward(self, next_file: int, next_pos: int) -> None:
@@ -1063,14 +1155,7 @@ class DiskQueue:
         if old != next_file:
             # "sync every time we start reading from a new file"
             self._need_sync = True
-            fn = self._file_name(old)
-            try:
-                os.remove(fn)
-            except OSError as e:
-                self._logf(
-                    ERROR,
-                    f"DISKQUEUE({self.name}) failed to Remove({fn}) - {go_error('remove', fn, e)}",
-                )
+            self._done_with_file(old)
         self._check_tail_corruption(self._depth)
 
     def _check_tail_corruption(self, depth: int) -> None:
@@ -1126,6 +1211,7 @@ class DiskQueue:
             self._write_file_num += 1
             self._write_pos = 0
             self._flushed_pos = 0
+        self.release_all()  # (a held read may be in the file renamed)
         bad = self._file_name(self._read_file_num)
         bad_rename = bad + ".bad"
         self._logf(
@@ -1157,6 +1243,11 @@ class DiskQueue:
     def _skip_to_next_rw_file(self) -> str | None:
         """skipToNextRWFile: delete files readFileNum..writeFileNum, restart on the next one."""
         err: str | None = None
+        if self._held is not None:
+            self._held.clear()
+        kept, self._kept_files = self._kept_files, []
+        for num in kept:
+            self._remove_read_file(num)
         self._close_read_file()
         self._drop_write_file()
         for fd, _ in self._retired:

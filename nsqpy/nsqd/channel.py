@@ -20,7 +20,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
-from nsqpy.nsqd.backend import BackendError, BackendQueue
+from nsqpy.diskqueue import DiskQueue
+from nsqpy.nsqd.backend import BackendError, BackendQueue, DiskBackend
 from nsqpy.nsqd.e2e import E2EStream
 from nsqpy.nsqd.message import (
     HEX3,
@@ -134,6 +135,11 @@ class Channel:
         "_deferred",
         "_deferred_seq",
         "_depth",
+        "_disk",
+        "_floor_pinned",
+        "_floor_seen",
+        "_floor_seen_at",
+        "_from_disk",
         "_mem_size",
         "_memory",
         "_next",
@@ -192,6 +198,19 @@ class Channel:
         # Message policies (policy.py): None when nothing applies, so the hot path skips them.
         self.policy: Effective | None = nsqd.policies.rules(topic_name, name)
         self.policy_counts: Counts | None = None
+        # Messages read off the disk queue and not finished yet, ID → the read's sequence
+        # number, oldest read first: the disk queue keeps them (hold_reads) until they are, so
+        # that a kill -9 loses none of them (at least once: the finished ones read after the
+        # oldest unfinished one come again too).
+        self._disk: DiskQueue | None = None
+        self._from_disk: dict[bytes, int] | None = None
+        self._floor_seen = b""  # the oldest read last found queued or deferred, and when
+        self._floor_seen_at = 0.0
+        self._floor_pinned: int | None = None  # what an exit could not write back holds
+        if isinstance(backend, DiskBackend):
+            self._disk = backend.dq
+            self._from_disk = {}
+            backend.dq.hold_reads(self._disk_floor)
 
     def __repr__(self) -> str:
         return f"Channel({self.topic_name}:{self.name})"
@@ -556,15 +575,26 @@ class Channel:
         unpack = MESSAGE_HEADER.unpack_from
         out: list[Message] = []
         append = out.append
+        from_disk = self._from_disk
+        seq = 0
+        if from_disk is not None:
+            assert self._disk is not None
+            seq = self._disk.read_seq - len(payloads)
         for payload in payloads:
             # from_payload inlined: this runs once per message read back from disk
             try:
                 timestamp, attempts, msg_id = unpack(payload)
+                if from_disk is not None:
+                    if msg_id in from_disk:  # read again (written back): its place is new
+                        del from_disk[msg_id]
+                    from_disk[msg_id] = seq
+                    seq += 1
             except struct.error:
                 self._nsqd.logf_error(
                     f"{self.label}: failed to decode message"
                     f" - message payload too short: {len(payload)} bytes"
                 )
+                seq += 1
                 continue
             msg = (msg_id, timestamp, attempts if attempts < MAX_ATTEMPTS else -1, payload[26:])
             if redefer is not None:
@@ -585,7 +615,15 @@ class Channel:
         out = self.take(count)
         if len(out) < count and self._backend.depth():
             out.extend(self._read_backend(count - len(out)))
+        self._forget(out)
         return out
+
+    def _forget(self, msgs: Sequence[Message]) -> None:
+        """Messages that left without a FIN (a policy's): no longer held on the disk queue."""
+        from_disk = self._from_disk
+        if from_disk:
+            for msg in msgs:
+                from_disk.pop(msg[0], None)
 
     def expire(self, oldest: int, disk_budget: int) -> list[Message]:
         """Remove the queued and deferred messages published before ``oldest`` (unix ns):
@@ -604,6 +642,7 @@ class Channel:
             heapq.heapify(deferred)
         if expired and self._memory and self.clients:
             self.dispatch()
+        self._forget(expired)
         return expired
 
     @property
@@ -627,6 +666,8 @@ class Channel:
         if entry is None:
             raise ChannelError(self._not_in_flight_reason(msg_id))
         client.finish_count += 1
+        if self._from_disk:
+            self._from_disk.pop(msg_id, None)
         if self.e2e is not None:
             self.e2e.add(time.time_ns() - _timestamp(entry))
 
@@ -648,6 +689,11 @@ class Channel:
                 else:
                     e2e.add(now - _timestamp(entry))
         client.finish_count += len(msg_ids) - len(failed)
+        from_disk = self._from_disk
+        if from_disk:
+            done = from_disk.pop
+            for msg_id in msg_ids:
+                done(msg_id, None)
         return failed
 
     def requeue(self, client: Consumer, msg_id: bytes, delay: float) -> None:
@@ -658,6 +704,7 @@ class Channel:
         client.requeue_count += 1
         msg = requeued(*delivery(msg_id, entry)[:4])
         if self.policy is not None and returned(self, self.policy, msg):
+            self._forget((msg,))
             return
         if delay <= 0:
             if self.exiting:
@@ -686,6 +733,46 @@ class Channel:
         ):
             return "client does not own message"
         return "ID not in flight"
+
+    def _disk_floor(self) -> int:
+        """The disk queue's question (DiskQueue.hold_reads): the sequence number of the
+        oldest read whose message is still here (in flight, queued or deferred), or the
+        queue's read_seq when none is. Messages that left without a FIN (a policy's, a
+        decode error) are forgotten here."""
+        disk = self._disk
+        from_disk = self._from_disk
+        assert disk is not None and from_disk is not None
+        if self._floor_pinned is not None:
+            return self._floor_pinned
+        floor = disk.read_seq
+        gone: list[bytes] = []
+        for msg_id, seq in from_disk.items():
+            if self._holds(msg_id):
+                floor = seq
+                break
+            gone.append(msg_id)
+        for msg_id in gone:
+            del from_disk[msg_id]
+        return floor
+
+    def _holds(self, msg_id: bytes) -> bool:
+        for client in self.clients:
+            if msg_id in client.in_flight:
+                return True
+        for orphans in self._orphans:
+            if msg_id in orphans:
+                return True
+        # requeued or deferred: looked for in the queues, at most once a second per message
+        now = time.monotonic()
+        if msg_id == self._floor_seen and now - self._floor_seen_at < 1.0:
+            return True
+        if any(len(e) == 4 and e[0] == msg_id for e in self._memory) or any(
+            d[2][0] == msg_id for d in self._deferred
+        ):
+            self._floor_seen = msg_id
+            self._floor_seen_at = now
+            return True
+        return False
 
     def _put_back(self, msg: Message) -> None:
         """A requeued or timed-out message goes back on the queue (not counted again)."""
@@ -732,6 +819,7 @@ class Channel:
             del in_flight[entry[0]]
             msg = requeued(entry[0], entry[1], entry[2], entry[3])
             if policy is not None and returned(self, policy, msg):
+                self._forget((msg,))
                 continue
             self._put_back(msg)
         self.timeout_count += len(expired)
@@ -771,6 +859,8 @@ class Channel:
         for client in self.clients:
             client.in_flight.clear()
             client.irregular_in_flight = False
+        if self._from_disk:
+            self._from_disk.clear()
         self._backend.empty()
 
     def peek(self, count: int) -> list[Message]:
@@ -819,3 +909,9 @@ class Channel:
                 self._nsqd.logf_error(
                     f"CHANNEL({self.topic_name}:{self.name}): failed to flush {len(msgs)} messages - {err}"
                 )
+                if self._from_disk:
+                    # the disk queue keeps what was read of them, for the next start
+                    self._floor_pinned = next(iter(self._from_disk.values()))
+                return
+        if self._from_disk is not None:
+            self._from_disk.clear()

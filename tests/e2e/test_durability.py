@@ -438,6 +438,58 @@ def test_kill9_with_sync_every_1_loses_no_acknowledged_message(
     assert_healthy_log(nsqd)
 
 
+@pytest.mark.parametrize("sync", ["every-1", "defaults"])
+def test_kill9_gives_back_what_was_in_flight(
+    nsqd_pool: ServerPool, tmp_path: Path, sync: str
+) -> None:
+    """Beyond Go: messages read off the disk queue and not FINed when nsqd is killed (in
+    flight, requeued, deferred) come again after the restart: the disk queue's saved read
+    position is the oldest unfinished message's, and its file is kept until then. At least
+    once: FINed messages read after it may come again too; those FINed before it do not."""
+    data = tmp_path / "data"
+    opts: dict[str, Any] = {"mem_queue_size": 0, "max_bytes_per_file": 4096}
+    opts |= {"sync_every": 1} if sync == "every-1" else {"sync_timeout": "50ms"}
+    nsqd = nsqd_pool.start(data_path=data, **opts)
+    with consumer(nsqd.tcp_address, "held", "ch"):
+        pass
+    bodies = [body_for(i) for i in range(300)]  # over several 4 KiB files
+    with RawClient(nsqd.tcp_address) as pub:
+        for i in range(0, 300, 50):
+            pub.mpub("held", bodies[i : i + 50])
+    with consumer(nsqd.tcp_address, "held", "ch", rdy=1) as client:
+        finished = take(client, 100)  # FINed, in order: the oldest 100
+        (requeued,) = take(client, 1, fin=lambda m: False)
+        client.req(requeued.id, 60_000)  # deferred for a minute
+        client.rdy(60)
+        rest = take(client, 150, fin=lambda m: index_of(m.body) % 3 != 0)  # 50 held
+        in_flight = take(client, 5, fin=lambda m: False)
+        in_flight += settle(client)  # (and what RDY 60 let out besides, unFINed too)
+        # Wait for a sync after the FINs (the --sync-timeout ticker's: held reads keep it
+        # syncing): its metadata counts back in the records from the oldest unfinished one,
+        # the requeued message (index 100), to the end: 200.
+        deadline = time.monotonic() + 10
+        while meta_file(data, "held:ch").read_bytes().split(b"\n")[0] != b"200":
+            assert time.monotonic() < deadline, meta_file(data, "held:ch").read_bytes()
+            time.sleep(0.02)
+        assert nsqd.kill() == -9
+
+    nsqd = nsqd_pool.start(data_path=data, **opts)
+    with consumer(nsqd.tcp_address, "held", "ch", rdy=100) as client:
+        again = take(client, 200)
+        assert settle(client) == []
+    # every message from the oldest unfinished one on, once; none FINed before it
+    assert sorted(index_of(m.body) for m in again) == list(range(100, 300))
+    assert requeued.body in {m.body for m in again}
+    assert {m.body for m in in_flight} <= {m.body for m in again}
+    assert {m.body for m in rest if index_of(m.body) % 3 == 0} <= {m.body for m in again}
+    assert not {m.body for m in finished} & {m.body for m in again}
+    assert channel_stats(http_base(nsqd), "held", "ch")["depth"] == 0
+    assert nsqd.stop() == 0
+    assert_healthy_log(nsqd)
+    # the files read to their end were deleted once nothing held was in them
+    assert len(list(data.glob("held:ch.diskqueue.0*.dat"))) <= 1, sorted(data.iterdir())
+
+
 def test_kill9_with_defaults_restarts_and_reads_what_reached_disk(
     nsqd_pool: ServerPool, tmp_path: Path
 ) -> None:

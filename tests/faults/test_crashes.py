@@ -4,7 +4,8 @@ when the kill lands during a graceful exit, ``nsqd.deferred.dat``, with --sync-e
 
 Every iteration restarts nsqd on the same data path; it must start again each time. At
 the end every message whose publish was acknowledged (OK received) must have been
-delivered at least once, during the run or in the final drain. Deferred messages are held
+delivered at least once, during the run or in the final drain, those in flight at a kill
+included (the Go nsqd, same steps, loses those: counted). Deferred messages are held
 in memory until due (as in the Go nsqd): one acknowledged in an iteration that ended in a
 kill before its exit finished may be lost, and is counted, not asserted; one whose
 iteration ended in a clean exit must be delivered.
@@ -37,7 +38,7 @@ SECONDS = float(os.environ.get("NSQPY_CRASH_SECONDS", "25"))
 pytestmark = pytest.mark.timeout(SECONDS + 120)
 
 BASE_TOPIC = "crash_a"
-RDY = 10  # the consumer's: how many messages may be in flight at a kill
+RDY = 10  # the consumer's: how many messages are in flight at a kill
 
 
 @dataclass
@@ -232,13 +233,13 @@ def test_kill_minus_nine_at_random_points_loses_nothing_queued(
     assert iterations >= 5
     if name == "go":
         return
-    # Messages taken off the disk for delivery live only in memory and in the sockets until
-    # FINed, as in the Go nsqd: a kill loses those the consumer had not received (at most
-    # its RDY count). Nothing else may be lost: not on the consumed topic, none elsewhere.
+    # Nothing acknowledged may be lost, not even what was in flight at a kill: the disk
+    # queue's saved read position is its oldest unfinished message's (the Go nsqd loses
+    # those the consumer had not received, up to its RDY count).
     assert not queued, f"{len(queued)} acknowledged messages lost from queues: {queued[:5]}"
-    assert most <= RDY, (
-        f"{len(lost)} of {len(ledger.acked)} acknowledged messages lost: {lost[:5]}; "
-        f"by kill: {dict(by_kill)}, more than the {RDY} a consumer may have in flight"
+    assert not lost, (
+        f"{len(lost)} of {len(ledger.acked)} acknowledged messages lost in flight: "
+        f"{lost[:5]}; by kill: {dict(by_kill)}"
     )
     assert not must, f"deferred messages lost although the exit finished: {must[:5]}"
     assert not list((tmp_path / "data").glob("*.bad")), "a queue file was found corrupt"
