@@ -273,6 +273,7 @@ class DiskQueue:
         self._floor: Callable[[], int] | None = None
         self._kept_files: list[int] = []  # read to their end, kept for the held reads
         self._reading_from = -1  # the file the running read_many started in (held reads)
+        self._persisted_hold: tuple[int, int, int] | None = None  # the last sync's oldest
 
         # sync coordination with worker threads
         self._meta_lock = threading.Lock()
@@ -600,9 +601,16 @@ class DiskQueue:
     def dirty(self) -> bool:
         """True if anything happened since the last sync: the ``sync_timeout`` ticker's test.
 
-        Go's ioLoop on ``syncTicker.C``: ``if count == 0 { continue }``.
+        Go's ioLoop on ``syncTicker.C``: ``if count == 0 { continue }``. With held reads,
+        also once the oldest read held has changed since the last sync (messages FINed).
         """
-        return self._need_sync or self._count > 0 or bool(self._held)
+        if self._need_sync or self._count > 0:
+            return True
+        if self._held is None:
+            return False
+        # held reads: dirty once the oldest one held is not what the last sync saved
+        self._release()
+        return (self._held[0] if self._held else None) != self._persisted_hold
 
     def sync(self) -> None:
         """Flush, fsync the write file and persist the metadata, all on this thread."""
@@ -850,6 +858,8 @@ class DiskQueue:
                 raise DiskQueueError(go_error("dup", path, e)) from e
         self._sync_seq += 1
         self._release()
+        if self._held is not None:
+            self._persisted_hold = self._held[0] if self._held else None
         if self._held:
             # the oldest read not yet finished is where a restart reads from again
             first_seq, file_num, pos = self._held[0]

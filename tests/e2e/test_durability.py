@@ -467,9 +467,10 @@ def test_kill9_gives_back_what_was_in_flight(
         # Wait for a sync after the FINs (the --sync-timeout ticker's: held reads keep it
         # syncing): its metadata counts back in the records from the oldest unfinished one,
         # the requeued message (index 100), to the end: 200.
+        meta = meta_file(data, "held:ch")
         deadline = time.monotonic() + 10
-        while meta_file(data, "held:ch").read_bytes().split(b"\n")[0] != b"200":
-            assert time.monotonic() < deadline, meta_file(data, "held:ch").read_bytes()
+        while not meta.exists() or meta.read_bytes().split(b"\n")[0] != b"200":
+            assert time.monotonic() < deadline, meta.exists() and meta.read_bytes()
             time.sleep(0.02)
         assert nsqd.kill() == -9
 

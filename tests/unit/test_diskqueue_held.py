@@ -109,10 +109,20 @@ def test_release_all_and_dirty(tmp_path: Path) -> None:
     dq, _ = open_dq(tmp_path, max_bytes_per_file=200)
     dq.put_many([numbered(i) for i in range(10)])
     holder = Holder(dq)
-    holder.read(7)
+    holder.read(3)
+    holder.read(4)
     dq.sync()
-    assert dq.dirty()  # held reads keep the --sync-timeout ticker syncing
+    assert not dq.dirty()
+    holder.finish(1)
+    assert not dq.dirty()  # the oldest read held is the same
+    holder.finish(0)
+    holder.finish(2)
+    assert dq.dirty()  # it moved on: the --sync-timeout ticker saves that
+    dq.sync()
+    assert meta_text(tmp_path) == "7\n0,102\n1,170\n"
+    assert not dq.dirty()
     dq.release_all()  # (a graceful exit wrote them back)
+    assert dq.dirty()
     dq.sync()
     assert not dq.dirty()
     assert meta_text(tmp_path) == "3\n1,68\n1,170\n"
