@@ -662,38 +662,34 @@ class Channel:
     # -- acknowledgements -----------------------------------------------------------------
 
     def finish(self, client: Consumer, msg_id: bytes) -> None:
-        entry = client.in_flight.pop(msg_id, None)
-        if entry is None:
-            raise ChannelError(self._not_in_flight_reason(msg_id))
-        client.finish_count += 1
-        if self._from_disk:
-            self._from_disk.pop(msg_id, None)
-        if self.e2e is not None:
-            self.e2e.add(time.time_ns() - _timestamp(entry))
+        failed = self.finish_many(client, [msg_id])
+        if failed:
+            raise ChannelError(failed[0][1])
 
     def finish_many(self, client: Consumer, msg_ids: list[bytes]) -> list[tuple[bytes, str]]:
-        """FIN each message; returns ``(id, reason)`` for those that failed, in order."""
+        """FIN each message; returns ``(id, reason)`` for those that failed, in order. Only
+        a FIN that succeeds lets go of its message's disk record (a failed one, say for
+        another consumer's message, holds it still)."""
         pop = client.in_flight.pop
         failed: list[tuple[bytes, str]] = []
         e2e = self.e2e
-        if e2e is None:
+        from_disk = self._from_disk
+        if e2e is None and not from_disk:
             for msg_id in msg_ids:
                 if pop(msg_id, None) is None:
                     failed.append((msg_id, self._not_in_flight_reason(msg_id)))
         else:
-            now = time.time_ns()
+            now = time.time_ns() if e2e is not None else 0
             for msg_id in msg_ids:
                 entry = pop(msg_id, None)
                 if entry is None:
                     failed.append((msg_id, self._not_in_flight_reason(msg_id)))
-                else:
+                    continue
+                if e2e is not None:
                     e2e.add(now - _timestamp(entry))
+                if from_disk:
+                    from_disk.pop(msg_id, None)
         client.finish_count += len(msg_ids) - len(failed)
-        from_disk = self._from_disk
-        if from_disk:
-            done = from_disk.pop
-            for msg_id in msg_ids:
-                done(msg_id, None)
         return failed
 
     def requeue(self, client: Consumer, msg_id: bytes, delay: float) -> None:

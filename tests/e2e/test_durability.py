@@ -96,6 +96,28 @@ def settle(client: RawClient) -> list[Message]:
         return unread
 
 
+def wait_for_saved_depth(data: Path, queue: str, depth: int) -> None:
+    """Until ``queue``'s metadata file says ``depth`` (its first line): the file is written
+    by a sync, which nothing outside the server can await, so it is polled."""
+    meta = meta_file(data, queue)
+    deadline = time.monotonic() + 10
+    while not meta.exists() or meta.read_bytes().split(b"\n")[0] != str(depth).encode():
+        assert time.monotonic() < deadline, meta.exists() and meta.read_bytes()
+        time.sleep(0.02)
+
+
+def restart_and_read(
+    pool: ServerPool, data: Path, opts: dict[str, Any], topic: str, count: int
+) -> tuple[ServerProcess, list[Message]]:
+    """A new nsqd on ``data``, and the ``count`` messages (FINed) its channel ``ch`` of
+    ``topic`` gives, then nothing more."""
+    nsqd = pool.start(data_path=data, **opts)
+    with consumer(nsqd.tcp_address, topic, "ch", rdy=100) as client:
+        again = take(client, count)
+        assert settle(client) == []
+    return nsqd, again
+
+
 def restart(pool: ServerPool, server: ServerProcess, **options: Any) -> ServerProcess:
     """SIGTERM, check the graceful exit, start again on the same data dir."""
     assert server.stop() == 0, server.log_text()
@@ -467,17 +489,10 @@ def test_kill9_gives_back_what_was_in_flight(
         # Wait for a sync after the FINs (the --sync-timeout ticker's: held reads keep it
         # syncing): its metadata counts back in the records from the oldest unfinished one,
         # the requeued message (index 100), to the end: 200.
-        meta = meta_file(data, "held:ch")
-        deadline = time.monotonic() + 10
-        while not meta.exists() or meta.read_bytes().split(b"\n")[0] != b"200":
-            assert time.monotonic() < deadline, meta.exists() and meta.read_bytes()
-            time.sleep(0.02)
+        wait_for_saved_depth(data, "held:ch", 200)
         assert nsqd.kill() == -9
 
-    nsqd = nsqd_pool.start(data_path=data, **opts)
-    with consumer(nsqd.tcp_address, "held", "ch", rdy=100) as client:
-        again = take(client, 200)
-        assert settle(client) == []
+    nsqd, again = restart_and_read(nsqd_pool, data, opts, "held", 200)
     # every message from the oldest unfinished one on, once; none FINed before it
     assert sorted(index_of(m.body) for m in again) == list(range(100, 300))
     assert requeued.body in {m.body for m in again}
@@ -489,6 +504,41 @@ def test_kill9_gives_back_what_was_in_flight(
     assert_healthy_log(nsqd)
     # the files read to their end were deleted once nothing held was in them
     assert len(list(data.glob("held:ch.diskqueue.0*.dat"))) <= 1, sorted(data.iterdir())
+
+
+def test_a_failed_fin_does_not_let_go_of_a_held_message(
+    nsqd_pool: ServerPool, tmp_path: Path
+) -> None:
+    """Found: a FIN that failed (another consumer's message) let go of the message's disk
+    record all the same, so the saved read position passed a message still in flight and
+    a kill -9 lost it. The failed FIN must leave it held: it comes again after the restart."""
+    data = tmp_path / "data"
+    opts: dict[str, Any] = {"mem_queue_size": 0, "sync_every": 1}
+    nsqd = nsqd_pool.start(data_path=data, **opts)
+    with consumer(nsqd.tcp_address, "stolen", "ch"):
+        pass
+    with RawClient(nsqd.tcp_address) as pub:
+        pub.mpub("stolen", [body_for(i) for i in range(3)])
+    with (
+        consumer(nsqd.tcp_address, "stolen", "ch", rdy=1) as holder,
+        consumer(nsqd.tcp_address, "stolen", "ch") as other,
+    ):
+        (held,) = take(holder, 1, fin=lambda m: False)
+        other.fin(held.id)
+        other.expect_error(
+            f"E_FIN_FAILED FIN {held.id.decode()} failed client does not own message",
+            fatal=False,
+        )
+        with RawClient(nsqd.tcp_address) as pub:
+            pub.pub("stolen", body_for(3))  # a write after the FIN: a sync (--sync-every=1)
+        # the metadata counts back from the held message (index 0): 4 records
+        wait_for_saved_depth(data, "stolen:ch", 4)
+        assert nsqd.kill() == -9
+
+    nsqd, again = restart_and_read(nsqd_pool, data, opts, "stolen", 4)
+    assert sorted(index_of(m.body) for m in again) == [0, 1, 2, 3]
+    assert nsqd.stop() == 0
+    assert_healthy_log(nsqd)
 
 
 def test_kill9_with_defaults_restarts_and_reads_what_reached_disk(
