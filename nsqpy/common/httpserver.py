@@ -736,6 +736,7 @@ class HTTPConnection(asyncio.Protocol):
         self._secure = secure
         self._input_seen = server.input_seen
         self._quick = server.quick_routes
+        self._around_input = server.around_input
         self._transport: asyncio.Transport | None = None
         self._peername: Any = None
         self._inbox = bytearray()  # received bytes not yet parsed (the next heads)
@@ -797,6 +798,17 @@ class HTTPConnection(asyncio.Protocol):
             return
         self._input_seen()
         self._active = True
+        around = self._around_input
+        if around is None:
+            self._received(data)
+            return
+        around[0]()
+        try:
+            self._received(data)
+        finally:
+            around[1]()
+
+    def _received(self, data: bytes) -> None:
         start = 0
         if self._body is not None:
             start = self._feed_body(data, 0)
@@ -1120,6 +1132,9 @@ class HTTPServer:
         # By path: answered without the handler when the body came whole with the head
         # (a publisher's POST), unless the quick handler returns None. Set before listening.
         self.quick_routes: dict[str, QuickHandler] = {}
+        # Called before and after a read's requests are handled (set before listening):
+        # nsqd holds deliveries until then, so that the replies go out first.
+        self.around_input: tuple[Callable[[], None], Callable[[], None]] | None = None
 
     async def listen_tcp(
         self, host: str | None, port: int, ssl: ssl.SSLContext | None = None

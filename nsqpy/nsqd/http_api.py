@@ -130,6 +130,9 @@ class NSQDHTTPServer:
         self._http = HTTPServer(self._handle, self.logger)
         self._http.input_seen = self.nsqd.input_seen
         self._http.quick_routes["/pub"] = self._pub_now
+        # What a read's requests publish reaches consumers after their replies, as a TCP
+        # read's does (protocol_v2's _run_commands)
+        self._http.around_input = (self.nsqd.hold_dispatch, self.nsqd.release_dispatch)
         tls_context: ssl.SSLContext | None = getattr(self.server, "tls_context", None)
         if tls_context is not None and self.opts.https_address:
             self.https_address, self.https_port = await self._listen(
