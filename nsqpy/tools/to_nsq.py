@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import os
 import sys
 import threading
@@ -109,18 +108,23 @@ async def publish_stdin(opts: Options) -> int:
         except NSQClientError as err:
             fatal(str(err))
 
-    # A daemon thread reads stdin: a blocked read must not keep the process alive.
-    chunks: asyncio.Queue[bytes] = asyncio.Queue(maxsize=4)
+    # A daemon thread reads stdin: a blocked read must not keep the process alive. It
+    # reads at most 4 chunks ahead (a slot each, given back as the loop takes it), and
+    # hands them over with call_soon_threadsafe: no coroutine is made in the thread, so a
+    # loop that closed first (a fatal error) leaves none un-awaited to warn about.
+    chunks: asyncio.Queue[bytes] = asyncio.Queue()
+    slots = threading.Semaphore(4)
 
     def read_stdin() -> None:
         while True:
+            slots.acquire()
             try:
                 chunk = os.read(stdin_fd, _READ_SIZE)
             except (OSError, ValueError):
                 chunk = b""
             try:
-                asyncio.run_coroutine_threadsafe(chunks.put(chunk), loop).result()
-            except (RuntimeError, concurrent.futures.CancelledError):
+                loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+            except RuntimeError:  # the loop is closed
                 return
             if not chunk:
                 return
@@ -131,6 +135,7 @@ async def publish_stdin(opts: Options) -> int:
         rest = b""
         while not stopping.is_set():
             chunk = await chunks.get()
+            slots.release()
             if not chunk:
                 break
             data = rest + chunk if rest else chunk
