@@ -282,7 +282,8 @@ class Options:
         0.0001,
         kind=Kind.DURATION,
         help="longest the event loop polls for more input before it sleeps; adapts to the "
-        "load, 0 = sleep at once (beyond NSQ: docs/ARCHITECTURE.md)",
+        "load, and under a steady one polls only where a trial finds that it pays, "
+        "0 = sleep at once (beyond NSQ: docs/ARCHITECTURE.md)",
     )
 
     # message policies (beyond NSQ: docs/POLICIES.md); per topic/channel over HTTP

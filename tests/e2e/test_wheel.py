@@ -88,6 +88,21 @@ def test_wheel_runs_nsqd_compiled(venv: Path) -> None:
     assert compiled == files, files
 
 
+def test_compiled_idle_poll_runs_its_trial(venv: Path) -> None:
+    """The idle poll's trial between polling and sleeping (nsqpy/common/idlepoll.py) needs
+    a load of thousands of reads a second, which no protocol test makes: the unit tests'
+    simulation runs here against the wheel's module (compiled, where a compiler was)."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from idlepoll_sim import constant, simulate;"
+        "from nsqpy.common.idlepoll import IdlePoll;"
+        "print([simulate(IdlePoll, 2.0, constant(p, s), constant(30e-6, 30e-6))[1][-1][1]"
+        " for p, s in ((40_000, 27_000), (27_000, 40_000))])"
+    )
+    out = _run(venv / "bin/python", "-P", "-c", code, ROOT / "tests/unit", cwd=venv.parent)
+    assert out.split() == ["[True,", "False]"]  # the faster mode kept, either way
+
+
 def test_a_failed_compile_builds_the_pure_wheel(tmp_path: Path) -> None:
     """No compiler (CC that fails): the build says so and makes the pure-Python wheel; an
     install from the sdist never fails for want of one."""

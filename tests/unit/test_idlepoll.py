@@ -10,6 +10,8 @@ import pytest
 
 from nsqpy.common.idlepoll import IdlePoll
 
+from .idlepoll_sim import constant, simulate
+
 US = 1e-6
 
 
@@ -125,3 +127,76 @@ def test_budget_bounds_the_idle_turns_of_a_period(loop: asyncio.AbstractEventLoo
     clock.now = period_end  # the next period
     poll.input()
     assert poll._polling
+
+
+# -- the trial between polling and sleeping at once (idlepoll_sim drives it) -----------------
+
+
+def _kept(modes: list[tuple[float, bool]], after: float, until: float = 1e9) -> set[bool]:
+    """The modes in force at some time from ``after`` to ``until`` seconds into the run."""
+    return {polls for t, polls in modes if after < t < until} | {_at(modes, after)}
+
+
+def _at(modes: list[tuple[float, bool]], t: float) -> bool:
+    """The mode in force ``t`` seconds into the run."""
+    return [polls for since, polls in modes if since <= t][-1]
+
+
+def test_trial_keeps_polling_where_it_handles_more_input() -> None:
+    """Round trips on a machine where waking is dear: 40k a second polling, 27k sleeping."""
+    poll, modes = simulate(IdlePoll, 3.0, constant(40_000, 27_000), constant(25e-6, 25e-6))
+    # the first epoch sees the load come; then three of each mode, alternating
+    assert [round(t, 1) for t, _ in modes[:7]] == [0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    assert [polls for _, polls in modes[:7]] == [True, False, True, False, True, False, True]
+    assert _kept(modes, 0.75) == {True}
+    assert poll._kept_rate == pytest.approx(40_000, rel=0.01)
+
+
+def test_trial_sleeps_where_polling_takes_the_cpu_from_the_publishers() -> None:
+    """Wake-ups are cheap and the CPUs busy: sleeping at once handles 9 % more."""
+    _, modes = simulate(IdlePoll, 3.0, constant(27_500, 30_000), constant(36e-6, 30e-6))
+    assert _kept(modes, 0.75) == {False}
+
+
+def test_at_the_same_rate_the_mode_spending_less_cpu_per_input_is_kept() -> None:
+    """A paced load (10,000 a second either way): CPU per input decides."""
+    _, modes = simulate(IdlePoll, 2.0, constant(10_000, 10_000), constant(66e-6, 52e-6))
+    assert _kept(modes, 0.75) == {False}
+    _, modes = simulate(IdlePoll, 2.0, constant(10_000, 10_100), constant(40e-6, 52e-6))
+    assert _kept(modes, 0.75) == {True}  # 1 % more input sleeping: within the margin
+
+
+def test_a_light_load_runs_no_trial() -> None:
+    poll, modes = simulate(IdlePoll, 2.0, constant(1_000, 1_000), constant(60e-6, 50e-6))
+    assert modes == [(0.0, True)]
+    assert poll._trial is None
+
+
+def test_the_kept_mode_is_tried_again_after_its_hold_or_when_the_load_changes() -> None:
+    # polling wins; after the 10 s hold a trial runs again (it sleeps for an epoch)
+    _, modes = simulate(IdlePoll, 12.0, constant(40_000, 27_000), constant(25e-6, 25e-6))
+    assert _kept(modes, 0.75, 10.7) == {True}
+    assert any(not polls and 10.7 < t < 11.0 for t, polls in modes)
+    assert _kept(modes, 11.5) == {True}
+
+    # the rate doubles at 3 s, after a decision for sleeping: a trial runs at once
+    def rate(polls: bool, t: float) -> float:
+        return (27_500 if polls else 30_000) * (1 if t < 3 else 2.5)
+
+    _, modes = simulate(IdlePoll, 4.0, rate, constant(30e-6, 30e-6))
+    assert _kept(modes, 0.75, 3.0) == {False}
+    assert any(polls and 3.0 < t < 3.2 for t, polls in modes)  # the new trial's first epoch
+    assert _kept(modes, 3.8) == {False}
+
+
+def test_a_load_that_stops_mid_trial_drops_it_and_polls() -> None:
+    """Sleeping wins, but the load stops for a second during the trial: the trial is
+    dropped (polling, as before any), and the next steady load runs a whole new one."""
+    _, modes = simulate(
+        IdlePoll, 3.0, constant(27_500, 30_000), constant(30e-6, 30e-6), gaps=((0.45, 1.45),)
+    )
+    assert any(not polls and t < 0.45 for t, polls in modes)  # the trial had begun
+    assert _kept(modes, 1.45, 1.6) == {True}  # after the gap: polling, the trial dropped
+    # the epoch the gap ended, then a new trial of six epochs (the last sleeps, as kept)
+    assert [round(t, 2) for t, _ in modes if t > 1.45] == [1.65, 1.75, 1.85, 1.95, 2.05]
+    assert _kept(modes, 2.2) == {False}
