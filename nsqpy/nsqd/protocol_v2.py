@@ -173,6 +173,8 @@ class ClientV2(asyncio.Protocol):
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self.output_buffer_timeout: float = opts.output_buffer_timeout
         self.pub_counts: dict[str, int] = {}
+        self._topic_bytes = b""  # the topic of the last publish, and its name decoded
+        self._topic_name = ""
         # Output buffering
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -1099,7 +1101,12 @@ class ClientV2(asyncio.Protocol):
         bodies: list[bytes] | MPubBody,
         delay: float = 0.0,
     ) -> None:
-        topic_name = topic_bytes.decode("utf-8", "surrogateescape")  # wire_str, inlined
+        if topic_bytes is self._topic_bytes:  # the parser's cached PUB head: the same name
+            topic_name = self._topic_name
+        else:
+            topic_name = topic_bytes.decode("utf-8", "surrogateescape")  # wire_str, inlined
+            self._topic_bytes = topic_bytes
+            self._topic_name = topic_name
         if self._shards is not None and not self._shards.owns(topic_name):
             self._publish_elsewhere(cmd, code, topic_bytes, bodies, delay)
             return

@@ -143,6 +143,10 @@ class CommandParser:
         "_pending",
         "_pending_len",
         "_pos",
+        "_pub_head",
+        "_pub_mpub",
+        "_pub_size",
+        "_pub_topic",
         "_ready",
         "_short",
         "_valid_topic",
@@ -175,6 +179,13 @@ class CommandParser:
         self.mpub_topic: bytes | None = None
         # The topic name take_publish last found valid (None: none yet; b"" is invalid).
         self._valid_topic: bytes | None = None
+        # The head (command line and sizes) of the PUB or MPUB take_publish last took, its
+        # message's size, topic and command: a read with the same head and a message of that
+        # size is that command again (a producer sending one topic's messages of one size).
+        self._pub_head: bytes | None = None
+        self._pub_size = 0
+        self._pub_topic = b""
+        self._pub_mpub = False
         # The wait is for one body of a split MPUB (its size at _pos): it is joined exactly,
         # out of the buffer and the reads that complete it, into _ready (see _take_body).
         self._need_body = False
@@ -317,6 +328,11 @@ class CommandParser:
         """
         if self._pos < len(self._buf) or self._pending or self._mpub is not None:
             return None
+        head = self._pub_head
+        if head is not None and data.startswith(head) and len(data) == len(head) + self._pub_size:
+            if self._pub_mpub:
+                return ([b"MPUB", self._pub_topic], [data[len(head) :]])
+            return ([b"PUB", self._pub_topic], data[len(head) :])
         if data.startswith(b"MPUB "):
             is_mpub, first = True, 5
         elif data.startswith(b"PUB "):
@@ -341,6 +357,11 @@ class CommandParser:
             body_size, count = _FRAME_HEADER.unpack_from(data, nl + 1)
             if count != 1 or not 0 < body_size <= self.max_body_size or self.max_body_size < 9:
                 return None
+        self._pub_head = data[:start]
+        self._pub_size = size
+        self._pub_topic = topic
+        self._pub_mpub = is_mpub
+        if is_mpub:
             return ([b"MPUB", topic], [data[start:]])
         return ([b"PUB", topic], data[start:])
 

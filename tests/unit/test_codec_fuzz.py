@@ -249,13 +249,22 @@ def publishes(draw: st.DrawFn) -> bytes:
 
 
 @FUZZ
-@given(publishes(), st.booleans(), STATES)
-def test_take_publish_agrees_with_the_general_parse(raw: bytes, warm: bool, state: int) -> None:
+@given(publishes(), st.sampled_from(["cold", "warm", "same", "same head"]), STATES)
+def test_take_publish_agrees_with_the_general_parse(raw: bytes, warm: str, state: int) -> None:
     """take_publish takes a read only if the general parse finds exactly that one command
-    in it, and leaves the parser untouched otherwise."""
+    in it, and leaves the parser untouched otherwise; whatever it took before (its caches
+    of the last valid topic name and PUB or MPUB head) changes neither."""
     p = new_parser(state)
-    if warm:  # a topic found valid before (the cached name)
+    if warm == "warm":  # a topic found valid before (the cached name)
         assert p.take_publish(b"PUB t\n" + i32(1) + b"x") == ([b"PUB", b"t"], b"x")
+    elif warm == "same":  # this very read taken before, or not
+        p.take_publish(raw)
+    elif warm == "same head" and raw.startswith((b"PUB ", b"MPUB ")) and b"\n" in raw:
+        # a PUB (an MPUB of one) with this read's head and a body of the size it says taken
+        head = raw[: raw.index(b"\n") + (5 if raw.startswith(b"PUB ") else 13)]
+        size = int.from_bytes(head[-4:], "big", signed=True)
+        if 0 <= size <= 64:
+            p.take_publish(head + b"y" * size)
     whole = run(raw, [], state)
     taken = p.take_publish(raw)
     if taken is not None:
@@ -281,6 +290,21 @@ def test_take_publish_leaves_an_empty_topic_name_to_the_general_parse() -> None:
     p.feed(b"PUB \n" + i32(1) + b"x")
     with pytest.raises(ProtocolError, match='PUB topic name "" is not valid'):
         p.next_command()
+
+
+def test_take_publish_takes_the_same_head_again_only_with_a_message_of_its_size() -> None:
+    p = new_parser()
+    head = b"PUB t\n" + i32(3)
+    assert p.take_publish(head + b"abc") == ([b"PUB", b"t"], b"abc")
+    assert p.take_publish(head + b"xyz") == ([b"PUB", b"t"], b"xyz")  # the head cached
+    assert p.take_publish(head + b"xy") is None  # short: the general parse waits for more
+    assert p.take_publish(head + b"xyzPUB") is None  # more than one command
+    assert p.take_publish(b"PUB t\n" + i32(2) + b"xy") == ([b"PUB", b"t"], b"xy")
+    mpub = b"MPUB t\n" + i32(11) + i32(1) + i32(3)
+    assert p.take_publish(mpub + b"abc") == ([b"MPUB", b"t"], [b"abc"])
+    assert p.take_publish(mpub + b"xyz") == ([b"MPUB", b"t"], [b"xyz"])
+    assert p.take_publish(mpub + b"xy") is None
+    assert p.take_publish(head + b"abc") == ([b"PUB", b"t"], b"abc")
 
 
 def test_take_publish_only_between_commands() -> None:
