@@ -609,6 +609,18 @@ def need_spark() -> None:
         need("Spark needs Java 17 (java on PATH or JAVA_HOME)")
 
 
+@covers("bench_pub_path.py", "ours")
+def test_pub_path() -> None:
+    """The Python part of a PUB in process: every message delivered (the script checks),
+    a figure per round."""
+    result = python_script("bench_pub_path.py", "--cycles", "640", "--rounds", "2")
+    m = result.one(
+        r"^3\.\d+\.\d+ (compiled|pure): median (\d+) ns/cycle, best (\d+) \((\d+), (\d+)\)$",
+        result.stdout,
+    )
+    assert 0 < int(m.group(3)) <= int(m.group(2))
+
+
 @covers("bench_read_task.py", "ours")
 def test_read_task() -> None:
     need_spark()  # pyarrow
