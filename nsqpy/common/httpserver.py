@@ -699,15 +699,25 @@ class _Resumed:
     so it must not use ``asyncio.timeout()`` or ``current_task()`` then.
     """
 
-    __slots__ = ("_coro", "_waiting")
+    __slots__ = ("_around", "_coro", "_waiting")
 
-    def __init__(self, coro: Coroutine[Any, Any, Response], waiting: Any) -> None:
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, Response],
+        waiting: Any,
+        around: tuple[Callable[[], None], Callable[[], None]] | None,
+    ) -> None:
         self._coro = coro
         self._waiting = waiting
+        self._around = around
 
     def __await__(self) -> Generator[Any, Any, Response]:
+        """Each step of the handler runs inside ``around`` (HTTPServer.around_input), as
+        its first one did inside data_received; the last step's ``around[1]`` is left to
+        the caller, to be called once the reply is written."""
         coro = self._coro
         waiting = self._waiting
+        hold, release = self._around or (_nothing, _nothing)
         while True:
             try:
                 sent = yield waiting
@@ -715,15 +725,28 @@ class _Resumed:
                 coro.close()
                 raise
             except BaseException as err:  # a cancellation: passed on to the handler
+                hold()
                 try:
                     waiting = coro.throw(err)
                 except StopIteration as stop:
                     return cast(Response, stop.value)
+                except BaseException:
+                    release()
+                    raise
             else:
+                hold()
                 try:
                     waiting = coro.send(sent)
                 except StopIteration as stop:
                     return cast(Response, stop.value)
+                except BaseException:
+                    release()
+                    raise
+            release()
+
+
+def _nothing() -> None:
+    pass
 
 
 class HTTPConnection(asyncio.Protocol):
@@ -1006,14 +1029,19 @@ class HTTPConnection(asyncio.Protocol):
     async def _carry_on(
         self, request: Request, coro: Coroutine[Any, Any, Response], waiting: Any
     ) -> None:
+        around = self._around_input
         try:
-            response = await _Resumed(coro, waiting)
-        except Exception as err:
-            response = self._server.crashed(err)
-        self._task = None
-        self._finish(request, response)
-        if self._inbox and self._current is None:
-            self._process(self._inbox)
+            try:
+                response = await _Resumed(coro, waiting, around)
+            except Exception as err:
+                response = self._server.crashed(err)
+            self._task = None
+            self._finish(request, response)
+            if self._inbox and self._current is None:
+                self._process(self._inbox)
+        finally:
+            if around is not None:  # what the last step published goes out after the replies
+                around[1]()
         if self._paused and self._current is None:
             self._paused = False
             if self._transport is not None:

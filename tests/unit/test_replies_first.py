@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -61,7 +61,7 @@ def on_dispatch(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[], None]]:
 
 
 def _run(
-    publish: Callable[[AsyncNSQD], socket.socket],
+    publish: Callable[[AsyncNSQD, list[socket.socket]], Awaitable[None]],
     reply: bytes,
     on_dispatch: list[Callable[[], None]],
 ) -> None:
@@ -74,7 +74,7 @@ def _run(
             publisher: list[socket.socket] = []
             found: list[bytes] = []
             on_dispatch.append(lambda: found.append(_pending(publisher[0])))
-            publisher.append(publish(nsqd))
+            await publish(nsqd, publisher)  # (appends its socket once connected)
             await _until(lambda: b"hello" in _pending(consumer))
             publisher[0].close()
             consumer.close()
@@ -87,10 +87,9 @@ def _run(
 def test_a_pubs_ok_is_written_before_its_message_is_dispatched(
     on_dispatch: list[Callable[[], None]],
 ) -> None:
-    def publish(nsqd: AsyncNSQD) -> socket.socket:
-        publisher = _connect(nsqd.tcp_address)
-        publisher.sendall(MAGIC + b"PUB t\n" + (5).to_bytes(4, "big") + b"hello")
-        return publisher
+    async def publish(nsqd: AsyncNSQD, into: list[socket.socket]) -> None:
+        into.append(_connect(nsqd.tcp_address))
+        into[0].sendall(MAGIC + b"PUB t\n" + (5).to_bytes(4, "big") + b"hello")
 
     _run(publish, b"\x00\x00\x00\x06\x00\x00\x00\x00OK", on_dispatch)
 
@@ -98,11 +97,27 @@ def test_a_pubs_ok_is_written_before_its_message_is_dispatched(
 def test_an_http_pubs_reply_is_written_before_its_message_is_dispatched(
     on_dispatch: list[Callable[[], None]],
 ) -> None:
-    def publish(nsqd: AsyncNSQD) -> socket.socket:
-        publisher = _connect(nsqd.http_address)
-        publisher.sendall(
-            b"POST /pub?topic=t HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+    async def publish(nsqd: AsyncNSQD, into: list[socket.socket]) -> None:
+        into.append(_connect(nsqd.http_address))
+        into[0].sendall(b"POST /pub?topic=t HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello")
+
+    _run(publish, b"HTTP/1.1 200 OK\r\n", on_dispatch)
+
+
+def test_an_http_mpubs_reply_is_written_before_its_messages_are_dispatched(
+    on_dispatch: list[Callable[[], None]],
+) -> None:
+    """A handler that waits for its body publishes from a task, not from data_received:
+    its last step is held the same way (httpserver._Resumed)."""
+
+    async def publish(nsqd: AsyncNSQD, into: list[socket.socket]) -> None:
+        into.append(_connect(nsqd.http_address))
+        into[0].sendall(
+            b"POST /mpub?topic=t HTTP/1.1\r\nHost: h\r\nContent-Length: 12\r\n"
+            b"Expect: 100-continue\r\n\r\n"
         )
-        return publisher
+        # the handler waits for the body it asked for: only then does the body go
+        await _until(lambda: b"100 Continue" in _pending(into[0]))
+        into[0].sendall(b"hello\nworld\n")
 
     _run(publish, b"HTTP/1.1 200 OK\r\n", on_dispatch)
