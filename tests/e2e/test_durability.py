@@ -499,7 +499,9 @@ def test_kill9_gives_back_what_was_in_flight(
     assert {m.body for m in in_flight} <= {m.body for m in again}
     assert {m.body for m in rest if index_of(m.body) % 3 == 0} <= {m.body for m in again}
     assert not {m.body for m in finished} & {m.body for m in again}
-    assert channel_stats(http_base(nsqd), "held", "ch")["depth"] == 0
+    base = http_base(nsqd)
+    assert base is not None
+    assert channel_stats(base, "held", "ch")["depth"] == 0
     assert nsqd.stop() == 0
     assert_healthy_log(nsqd)
     # the files read to their end were deleted once nothing held was in them
