@@ -713,11 +713,12 @@ class _Resumed:
 
     def __await__(self) -> Generator[Any, Any, Response]:
         """Each step of the handler runs inside ``around`` (HTTPServer.around_input), as
-        its first one did inside data_received; the last step's ``around[1]`` is left to
-        the caller, to be called once the reply is written."""
+        its first one did inside data_received; the last step's ``around[1]`` (or that of
+        a step that raised) is left to the caller, to be called once the reply is written."""
         coro = self._coro
         waiting = self._waiting
         hold, release = self._around or (_nothing, _nothing)
+        step: Callable[[Any], Any]
         while True:
             try:
                 sent = yield waiting
@@ -725,23 +726,15 @@ class _Resumed:
                 coro.close()
                 raise
             except BaseException as err:  # a cancellation: passed on to the handler
-                hold()
-                try:
-                    waiting = coro.throw(err)
-                except StopIteration as stop:
-                    return cast(Response, stop.value)
-                except BaseException:
-                    release()
-                    raise
+                step, arg = coro.throw, err
             else:
-                hold()
-                try:
-                    waiting = coro.send(sent)
-                except StopIteration as stop:
-                    return cast(Response, stop.value)
-                except BaseException:
-                    release()
-                    raise
+                step, arg = coro.send, sent
+            hold()
+            try:
+                waiting = step(arg)
+            except StopIteration as stop:
+                return cast(Response, stop.value)
+            # (a step that raises leaves the release to the caller too)
             release()
 
 
