@@ -40,6 +40,37 @@ find_python() {
   done
 }
 
+# The sdist and wheel of every Python run, built first and at once (hatch_build.py compiles
+# nsqd's hot modules with mypyc: one C file, one core, two minutes each), while ruff and mypy
+# run: dist/test for 3.11 and dist/test-3.1x for the others. The fast subsets' wheel tests
+# install them (NSQPY_DIST) instead of building their own.
+declare -A PYTHONS=() BUILDS=()
+if [ $# -eq 0 ]; then
+  PYTHONS[3.11]="$PWD/.venv/bin/python"
+  for version in 3.12 3.13; do
+    python="$(find_python "$version")"
+    if [ -n "$python" ]; then PYTHONS[$version]="$python"; fi
+  done
+  rm -rf dist/test dist/test-3.1* .venv-wheel
+  mkdir -p dist
+  for version in "${!PYTHONS[@]}"; do
+    out="dist/test$([ "$version" = 3.11 ] || echo "-$version")"
+    echo "== building the sdist and the wheel (mypyc) for python $version into $out (in the background)"
+    "${UV[@]}" build --quiet --python "${PYTHONS[$version]}" --out-dir "$out" >"$out.log" 2>&1 &
+    BUILDS[$version]=$!
+  done
+fi
+# wait_build VERSION: wait for that version's build; print its log if it failed.
+wait_build() {
+  local out="dist/test$([ "$1" = 3.11 ] || echo "-$1")"
+  if ! wait "${BUILDS[$1]}"; then
+    echo "== building for python $1 failed:"
+    cat "$out.log"
+    failed="${failed:+$failed, }$1 (wheel build)"
+    failed_summary="FAILED: the wheel build for python $1"
+  fi
+}
+
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
@@ -67,26 +98,26 @@ run_subset() {
 
 if [ $# -eq 0 ]; then
   for version in 3.12 3.13; do
-    python="$(find_python "$version")"
+    python="${PYTHONS[$version]:-}"
     if [ -z "$python" ]; then
       echo "== python $version: no interpreter found, skipped"
       continue
     fi
     venv="$PWD/.venv-$version"
     UV_PROJECT_ENVIRONMENT="$venv" "${UV[@]}" sync --frozen --quiet --python "$python"
+    wait_build "$version"
     echo "== pytest on python $version ($python): fast subset"
     run_subset "$version (fast subset)" \
       env PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
+      NSQPY_DIST="$PWD/dist/test-$version" \
       "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}"
   done
 
-  # The wheel and sdist, built once (hatch_build.py compiles nsqd's hot modules with mypyc
-  # from the same source), and the wheel installed alone in .venv-wheel: the protocol and
-  # differential tests run against its servers as well (NSQPY_SERVER_PYTHON), and
-  # tests/e2e/test_wheel.py checks what was built (NSQPY_DIST).
-  echo "== building the sdist and the wheel (mypyc), installing the wheel into .venv-wheel"
-  rm -rf dist/test .venv-wheel
-  "${UV[@]}" build --quiet --python "$PWD/.venv/bin/python" --out-dir dist/test
+  # The 3.11 wheel installed alone in .venv-wheel: the protocol and differential tests run
+  # against its servers as well (NSQPY_SERVER_PYTHON), and tests/e2e/test_wheel.py checks
+  # what was built (NSQPY_DIST).
+  wait_build 3.11
+  echo "== installing the 3.11 wheel (mypyc) into .venv-wheel"
   "${UV[@]}" venv --quiet --python "$PWD/.venv/bin/python" .venv-wheel
   "${UV[@]}" pip install --quiet --compile-bytecode --python .venv-wheel/bin/python \
     dist/test/nsqpy-*.whl
@@ -127,21 +158,24 @@ fi
 # Spark's Python workers must use this environment's interpreter (pyarrow), offline.
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 WHOLE=("$@")
+LAST=()
 if [ $# -eq 0 ]; then
   # The whole suite on 3.11 in two runs: the tests that share nothing but free ports on two
-  # workers, then, one at a time, those that share a machine-wide resource (a Spark cluster,
-  # mounts and network namespaces, Chromium) or time themselves (the soak, the docs' bench
-  # commands).
+  # workers, then those that share a machine-wide resource within their directory (a Spark
+  # cluster, mounts and network namespaces, Chromium): a directory's tests one at a time, on
+  # one worker, beside another directory's (tests/conftest.py groups them; much of their
+  # time is spent waiting for JVMs and timeouts).
   echo "== pytest on python 3.11: unit, differential and end-to-end tests (2 workers)"
   run_subset "3.11 (unit/differential/e2e)" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 tests/unit tests/differential tests/e2e
   WHOLE=(tests/browser tests/docs tests/faults tests/spark)
+  LAST=(-n 2 --dist loadgroup)
 fi
 echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
 echo "== pytest on python 3.11: ${WHOLE[*]:-the whole suite}"
 # pytest exits 5 when nothing was collected: a suite that ran no test has failed.
 set +e
-"${UV[@]}" run --frozen "${PYTEST[@]}" "${WHOLE[@]}"
+"${UV[@]}" run --frozen "${PYTEST[@]}" "${LAST[@]}" "${WHOLE[@]}"
 rc=$?
 set -e
 if [ -n "$failed" ]; then

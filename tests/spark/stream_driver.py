@@ -19,7 +19,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.spark.conftest import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,6 +97,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except ProcessLookupError:
         pass
     proc.wait(30)
+
+
+def driver_config(
+    cluster: Cluster, topic: str, tmp_path: Path, master: str, per_trigger: int = 1500
+) -> dict[str, Any]:
+    """The config of a driver reading ``topic`` (channel ``spark``) into parquet."""
+    return {
+        "master": master,
+        "source": {
+            "nsqdTCPAddresses": cluster.tcp(),
+            "nsqdHTTPAddresses": cluster.http(),
+            "topic": topic,
+            "channel": "spark",
+            "walLocation": str(tmp_path / "wal"),
+            "maxMessagesPerTrigger": per_trigger,
+            "msgTimeout": "2s",
+        },
+        "output": str(tmp_path / "out"),
+        "checkpoint": str(tmp_path / "ckpt"),
+    }
 
 
 def kill_and_drain(

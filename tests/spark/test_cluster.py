@@ -29,8 +29,7 @@ from tests.spark._helpers import (
 from tests.spark._helpers import stats as topic_stats
 from tests.spark._standalone import StandaloneCluster, wait_gone
 from tests.spark.conftest import Cluster, use_session
-from tests.spark.stream_driver import kill_and_drain
-from tests.spark.test_kill import driver_config
+from tests.spark.stream_driver import driver_config, kill_and_drain
 from tests.spark.test_source import check_lookupd_two_nsqd
 
 pytestmark = pytest.mark.timeout(300)
@@ -160,15 +159,20 @@ def test_lookupd_discovery_two_nsqd(
     check_lookupd_two_nsqd(cluster_spark, cluster, topic, tmp_path)
 
 
-def test_driver_killed_and_restarted(
+def test_driver_killed_twice_then_drained(
     standalone: StandaloneCluster, cluster: Cluster, topic: str, tmp_path: Path
 ) -> None:
-    """kill -9 of the driver (its own process group; the master then removes its executors)
-    and a restart from the checkpoint, on the cluster: exactly once."""
+    """kill -9 of the whole driver (its own process group: JVM, Python workers; the master then
+    removes its executors) at a random moment mid-stream, twice, then a restart from the same
+    checkpoint and walLocation until the topic is drained: the parquet output, read back
+    through Spark by the last driver (honouring _spark_metadata), has every message exactly
+    once."""
     use_session(None)  # the driver below needs the cluster's cores
-    n = 12_000
+    n = 24_000
     create_channel(cluster.http(), topic, "spark")
     publish(cluster.tcp(), topic, numbered(n))
-    config = driver_config(cluster, topic, tmp_path, standalone.url, per_trigger=3000)
-    kills, counts = kill_and_drain(cluster.http(), topic, "spark", tmp_path, config, kills=1)
+    config = driver_config(cluster, topic, tmp_path, standalone.url, per_trigger=1500)
+    kills, counts = kill_and_drain(cluster.http(), topic, "spark", tmp_path, config, kills=2)
+    assert any((tmp_path / "wal").iterdir())
+    print(f"kills (delay s, depth at kill): {kills}")
     assert counts == {"rows": n, "distinct": n, "bodies": n}, kills
