@@ -22,12 +22,14 @@ def pytest_runtest_makereport(
         report.longrepr = f"skipped in CI, where every test must run: {reason}"
 
 
-# The tests that share a machine-wide resource within their group (tests/spark: a Spark session
-# and, in test_cluster.py, a standalone cluster; tests/faults: mounts, network namespaces, kill
-# -9 timing; tests/docs: the docs' Spark cluster and bench commands; tests/browser: Chromium),
-# the longest first. Under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) a group runs on
-# one worker, its tests one at a time in file order, beside another group.
-_GROUPS = ("spark/test_cluster.py", "spark", "faults", "docs", "browser")
+# The tests that share a machine-wide resource within their directory (tests/spark: a Spark
+# session and a standalone cluster; tests/faults: mounts, network namespaces, kill -9 timing;
+# tests/docs: the docs' Spark cluster and bench commands; tests/browser: Chromium), the longest
+# first. Under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) a directory runs on one
+# worker, its tests one at a time in file order, beside another directory. (Two Spark groups
+# at once, the standalone cluster's tests beside the rest of tests/spark, slowed both past
+# their timeouts.)
+_GROUPS = ("spark", "faults", "docs", "browser")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
