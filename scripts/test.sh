@@ -103,7 +103,8 @@ note_subset() {
 
 if [ $# -eq 0 ]; then
   # The fast subsets of 3.12 and 3.13 at once (much of their time is a JVM's and a venv's
-  # start-up); each one's output is printed when both are done.
+  # start-up); each one's output is printed when both are done. (A build whose compiler
+  # fails, 35 s of mypy, is tried on 3.11 only.)
   declare -A SUBSET_PIDS=() SUBSET_LOGS=()
   for version in 3.12 3.13; do
     python="${PYTHONS[$version]:-}"
@@ -119,6 +120,7 @@ if [ $# -eq 0 ]; then
     env PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
       NSQPY_DIST="$PWD/dist/test-$version" \
       "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}" \
+      --deselect tests/e2e/test_wheel.py::test_a_failed_compile_builds_the_pure_wheel \
       >"${SUBSET_LOGS[$version]}" 2>&1 &
     SUBSET_PIDS[$version]=$!
   done

@@ -2,8 +2,9 @@
 their own JVMs, on two workers, with their own Python workers; the driver only plans.
 
 One cluster serves every test here (the ``standalone`` fixture); the in-process session on it
-(``cluster_spark``) holds both executors, so the driver-kill test, whose driver is another
-process, runs last and without it.
+(``cluster_spark``) holds both executors. The executor-kill test comes after the others that
+use that session (they would wait for the replacement executor to register), and the
+driver-kill test, whose driver is another process, runs last and without it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,60 @@ def _assert_exactly_once(spark: Any, out: Path, n: int, context: object) -> None
     distinct = df.select("topic", "id", "nsqd").distinct().count()
     bodies = df.select("topic", "body").distinct().count()
     assert (rows, distinct, bodies) == (n, n, n), context
+
+
+def test_available_now_takes_the_topic_backlog(
+    cluster_spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """Issue 12 §2 on the cluster: published before any channel existed, all of it is read."""
+    n = 100_000
+    publish(cluster.tcp(), topic, numbered(n, size=100), chunk=5000)
+    assert topic_stats(cluster.http(), topic)["depth"] == n
+    df = nsq_stream(cluster_spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=50_000)
+    query = to_parquet(df, tmp_path, availableNow=True)
+    assert query.awaitTermination(240), "the AvailableNow query did not stop"
+    _assert_exactly_once(cluster_spark, tmp_path / "out", n, query.recentProgress)
+    assert drained(cluster.http(), topic, "spark")
+
+
+def test_sink_then_batch_read(
+    cluster_spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    """df.write to both nsqd (tasks spread over them), then spark.read of everything, on a
+    channel the read creates (the topic's backlog is counted as on its way)."""
+    n = 20_000
+    rows = cluster_spark.range(n).selectExpr("concat('row-', cast(id as string)) AS body")
+    (
+        rows.repartition(4)
+        .write.format("nsq")
+        .mode("append")
+        .option("nsqdTCPAddresses", f"{cluster.tcp(0)},{cluster.tcp(1)}")
+        .option("topic", topic)
+        .save()
+    )
+    depths = [topic_stats(cluster.http(i), topic)["depth"] for i in range(2)]
+    assert sum(depths) == n and all(depths), depths
+    read = (
+        cluster_spark.read.format("nsq")
+        .option("nsqdTCPAddresses", f"{cluster.tcp(0)},{cluster.tcp(1)}")
+        .option("nsqdHTTPAddresses", f"{cluster.http(0)},{cluster.http(1)}")
+        .option("topic", topic)
+        .option("channel", "batch")
+        .option("walLocation", str(tmp_path / "wal"))
+        .option("idleTimeout", "2s")
+        .load()
+    )
+    read.write.parquet(str(tmp_path / "out"))
+    out = cluster_spark.read.parquet(str(tmp_path / "out"))
+    assert out.count() == n
+    assert out.select("body").distinct().count() == n
+    assert all(drained(cluster.http(i), topic, "batch") for i in range(2))
+
+
+def test_lookupd_discovery_two_nsqd(
+    cluster_spark: Any, cluster: Cluster, topic: str, tmp_path: Path
+) -> None:
+    check_lookupd_two_nsqd(cluster_spark, cluster, topic, tmp_path)
 
 
 def test_executor_killed_mid_batch(
@@ -103,60 +158,6 @@ def test_executor_killed_mid_batch(
     per_topic = {r["topic"]: r["count"] for r in out.groupBy("topic").count().collect()}
     assert per_topic == {t: n // 2 for t in topics}
     assert out.filter(f"topic = '{topic}' AND CAST(body AS STRING) NOT LIKE 'a-%'").count() == 0
-
-
-def test_available_now_takes_the_topic_backlog(
-    cluster_spark: Any, cluster: Cluster, topic: str, tmp_path: Path
-) -> None:
-    """Issue 12 §2 on the cluster: published before any channel existed, all of it is read."""
-    n = 100_000
-    publish(cluster.tcp(), topic, numbered(n, size=100), chunk=5000)
-    assert topic_stats(cluster.http(), topic)["depth"] == n
-    df = nsq_stream(cluster_spark, cluster, topic, tmp_path / "wal", maxMessagesPerTrigger=50_000)
-    query = to_parquet(df, tmp_path, availableNow=True)
-    assert query.awaitTermination(240), "the AvailableNow query did not stop"
-    _assert_exactly_once(cluster_spark, tmp_path / "out", n, query.recentProgress)
-    assert drained(cluster.http(), topic, "spark")
-
-
-def test_sink_then_batch_read(
-    cluster_spark: Any, cluster: Cluster, topic: str, tmp_path: Path
-) -> None:
-    """df.write to both nsqd (tasks spread over them), then spark.read of everything, on a
-    channel the read creates (the topic's backlog is counted as on its way)."""
-    n = 20_000
-    rows = cluster_spark.range(n).selectExpr("concat('row-', cast(id as string)) AS body")
-    (
-        rows.repartition(4)
-        .write.format("nsq")
-        .mode("append")
-        .option("nsqdTCPAddresses", f"{cluster.tcp(0)},{cluster.tcp(1)}")
-        .option("topic", topic)
-        .save()
-    )
-    depths = [topic_stats(cluster.http(i), topic)["depth"] for i in range(2)]
-    assert sum(depths) == n and all(depths), depths
-    read = (
-        cluster_spark.read.format("nsq")
-        .option("nsqdTCPAddresses", f"{cluster.tcp(0)},{cluster.tcp(1)}")
-        .option("nsqdHTTPAddresses", f"{cluster.http(0)},{cluster.http(1)}")
-        .option("topic", topic)
-        .option("channel", "batch")
-        .option("walLocation", str(tmp_path / "wal"))
-        .option("idleTimeout", "2s")
-        .load()
-    )
-    read.write.parquet(str(tmp_path / "out"))
-    out = cluster_spark.read.parquet(str(tmp_path / "out"))
-    assert out.count() == n
-    assert out.select("body").distinct().count() == n
-    assert all(drained(cluster.http(i), topic, "batch") for i in range(2))
-
-
-def test_lookupd_discovery_two_nsqd(
-    cluster_spark: Any, cluster: Cluster, topic: str, tmp_path: Path
-) -> None:
-    check_lookupd_two_nsqd(cluster_spark, cluster, topic, tmp_path)
 
 
 def test_driver_killed_and_restarted(
