@@ -184,8 +184,8 @@ if [ $# -eq 0 ]; then
   # The whole suite on 3.11 in two runs: the tests that share nothing but free ports on two
   # workers, then those that share a machine-wide resource within their directory (a Spark
   # cluster, mounts and network namespaces, Chromium): a directory's tests one at a time, on
-  # one worker, beside another directory's (tests/conftest.py groups them; much of their
-  # time is spent waiting for JVMs and timeouts).
+  # one worker, beside another directory's (tests/conftest.py groups them). Run one after the
+  # other they left a core idle for minutes (JVM starts, timeouts, the soak's pace).
   echo "== pytest on python 3.11: unit, differential and end-to-end tests (2 workers)"
   run_subset "3.11 (unit/differential/e2e)" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 tests/unit tests/differential tests/e2e
