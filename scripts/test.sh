@@ -45,6 +45,8 @@ find_python() {
 # run: dist/test for 3.11 and dist/test-3.1x for the others. The fast subsets' wheel tests
 # install them (NSQPY_DIST) instead of building their own.
 declare -A PYTHONS=() BUILDS=()
+# dist_of VERSION: where that version's sdist and wheel are built
+dist_of() { if [ "$1" = 3.11 ]; then echo dist/test; else echo "dist/test-$1"; fi; }
 if [ $# -eq 0 ]; then
   PYTHONS[3.11]="$PWD/.venv/bin/python"
   for version in 3.12 3.13; do
@@ -54,7 +56,7 @@ if [ $# -eq 0 ]; then
   rm -rf dist/test dist/test-3.1* .venv-wheel
   mkdir -p dist
   for version in "${!PYTHONS[@]}"; do
-    out="dist/test$([ "$version" = 3.11 ] || echo "-$version")"
+    out="$(dist_of "$version")"
     echo "== building the sdist and the wheel (mypyc) for python $version into $out (in the background)"
     "${UV[@]}" build --quiet --python "${PYTHONS[$version]}" --out-dir "$out" >"$out.log" 2>&1 &
     BUILDS[$version]=$!
@@ -62,7 +64,8 @@ if [ $# -eq 0 ]; then
 fi
 # wait_build VERSION: wait for that version's build; print its log if it failed.
 wait_build() {
-  local out="dist/test$([ "$1" = 3.11 ] || echo "-$1")"
+  local out
+  out="$(dist_of "$1")"
   if ! wait "${BUILDS[$1]}"; then
     echo "== building for python $1 failed:"
     cat "$out.log"
@@ -118,7 +121,7 @@ if [ $# -eq 0 ]; then
     echo "== pytest on python $version ($python): fast subset (in the background)"
     SUBSET_LOGS[$version]="$(mktemp)"
     env PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
-      NSQPY_DIST="$PWD/dist/test-$version" \
+      NSQPY_DIST="$PWD/$(dist_of "$version")" \
       "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}" \
       --deselect tests/e2e/test_wheel.py::test_a_failed_compile_builds_the_pure_wheel \
       >"${SUBSET_LOGS[$version]}" 2>&1 &
