@@ -77,7 +77,7 @@ wait_build() {
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
-ran=("3.11 ($([ $# -eq 0 ] && echo "browser/docs/faults/spark" || echo "$*"))")
+ran=("3.11 ($([ $# -eq 0 ] && echo "spark" || echo "$*"))")
 failed=""        # "<label> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
 
@@ -86,6 +86,7 @@ failed_summary=""  # the last failed one's pytest summary line
 run_subset() {
   local label="$1" log rc
   shift
+  ran+=("$label")
   log="$(mktemp)"
   set +e
   "$@" 2>&1 | tee "$log"
@@ -94,9 +95,8 @@ run_subset() {
   note_subset "$label" "$rc" "$log"
 }
 
-# note_subset LABEL RC LOG: what run_subset notes of a subset that ran; removes LOG.
+# note_subset LABEL RC LOG: note a subset's failure (its exit code, its summary line); removes LOG.
 note_subset() {
-  ran+=("$1")
   if [ "$2" -ne 0 ]; then
     failed="${failed:+$failed, }$1 (exit $2)"
     failed_summary="$(tail -n 1 "$3")"
@@ -104,11 +104,34 @@ note_subset() {
   rm -f "$3"
 }
 
+# start_subset LABEL COMMAND...: run one subset's pytest in the background, its output kept
+# for finish_subset (subsets whose tests mostly wait, on timers and other processes, share the
+# two cores).
+declare -A SUBSET_PIDS=() SUBSET_LOGS=()
+start_subset() {
+  local label="$1"
+  shift
+  echo "== pytest: $label (in the background)"
+  ran+=("$label")
+  SUBSET_LOGS[$label]="$(mktemp)"
+  "$@" >"${SUBSET_LOGS[$label]}" 2>&1 &
+  SUBSET_PIDS[$label]=$!
+}
+
+# finish_subset LABEL: wait for a subset start_subset started, print its output, note it.
+finish_subset() {
+  local rc=0
+  wait "${SUBSET_PIDS[$1]}" || rc=$?
+  echo "== pytest: $1"
+  cat "${SUBSET_LOGS[$1]}"
+  note_subset "$1" "$rc" "${SUBSET_LOGS[$1]}"
+}
+
 if [ $# -eq 0 ]; then
   # The fast subsets of 3.12 and 3.13 at once (much of their time is a JVM's and a venv's
   # start-up); each one's output is printed when both are done. (A build whose compiler
   # fails, 35 s of mypy, is tried on 3.11 only.)
-  declare -A SUBSET_PIDS=() SUBSET_LOGS=()
+  started=()
   for version in 3.12 3.13; do
     python="${PYTHONS[$version]:-}"
     if [ -z "$python" ]; then
@@ -118,24 +141,14 @@ if [ $# -eq 0 ]; then
     venv="$PWD/.venv-$version"
     UV_PROJECT_ENVIRONMENT="$venv" "${UV[@]}" sync --frozen --quiet --python "$python"
     wait_build "$version"
-    echo "== pytest on python $version ($python): fast subset (in the background)"
-    SUBSET_LOGS[$version]="$(mktemp)"
-    env PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
+    start_subset "$version (fast subset)" \
+      env PYSPARK_PYTHON="$venv/bin/python" PYSPARK_DRIVER_PYTHON="$venv/bin/python" \
       NSQPY_DIST="$PWD/$(dist_of "$version")" \
       "$venv/bin/python" -m "${PYTEST[@]}" -n 2 "${FAST_SUBSET[@]}" \
-      --deselect tests/e2e/test_wheel.py::test_a_failed_compile_builds_the_pure_wheel \
-      >"${SUBSET_LOGS[$version]}" 2>&1 &
-    SUBSET_PIDS[$version]=$!
+      --deselect tests/e2e/test_wheel.py::test_a_failed_compile_builds_the_pure_wheel
+    started+=("$version (fast subset)")
   done
-  for version in 3.12 3.13; do
-    if [ -n "${SUBSET_PIDS[$version]:-}" ]; then
-      rc=0
-      wait "${SUBSET_PIDS[$version]}" || rc=$?
-      echo "== pytest on python $version: fast subset"
-      cat "${SUBSET_LOGS[$version]}"
-      note_subset "$version (fast subset)" "$rc" "${SUBSET_LOGS[$version]}"
-    fi
-  done
+  for label in "${started[@]}"; do finish_subset "$label"; done
 
   # The 3.11 wheel installed alone in .venv-wheel: the protocol and differential tests run
   # against its servers as well (NSQPY_SERVER_PYTHON), and tests/e2e/test_wheel.py checks
@@ -158,8 +171,8 @@ if [ $# -eq 0 ]; then
     tests/e2e/test_http_limits.py
     tests/e2e/test_metrics.py
   )
-  echo "== pytest against the compiled wheel's nsqd: ${COMPILED_SUBSET[*]}"
-  run_subset "the compiled wheel" \
+  echo "== against the compiled wheel's nsqd: ${COMPILED_SUBSET[*]}"
+  start_subset "the compiled wheel" \
     env NSQPY_SERVER_PYTHON="$PWD/.venv-wheel/bin/python" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 "${COMPILED_SUBSET[@]}"
   # nsqd --workers=2 (docs/SCALING.md), the compiled wheel's: the protocol, HTTP and
@@ -173,35 +186,41 @@ if [ $# -eq 0 ]; then
     tests/e2e/test_compression.py
     tests/e2e/test_policies.py
   )
-  echo "== pytest against nsqd --workers=2 (the compiled wheel's): ${WORKERS_SUBSET[*]}"
-  run_subset "nsqd --workers=2" \
+  echo "== against nsqd --workers=2 (the compiled wheel's): ${WORKERS_SUBSET[*]}"
+  start_subset "nsqd --workers=2" \
     env NSQPY_SERVER_PYTHON="$PWD/.venv-wheel/bin/python" NSQPY_NSQD_WORKERS=2 \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 "${WORKERS_SUBSET[@]}"
+  finish_subset "the compiled wheel"
+  finish_subset "nsqd --workers=2"
 fi
 
 # Spark's Python workers must use this environment's interpreter (pyarrow), offline.
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
 WHOLE=("$@")
-LAST=()
+SIDE=""  # the label of a run beside the last one (start_subset), if any
 if [ $# -eq 0 ]; then
-  # The whole suite on 3.11 in two runs: the tests that share nothing but free ports on two
-  # workers, then those that share a machine-wide resource within their directory (a Spark
-  # cluster, mounts and network namespaces, Chromium): a directory's tests one at a time, on
-  # one worker, beside another directory's (tests/conftest.py groups them). Run one after the
-  # other they left a core idle for minutes (JVM starts, timeouts, the soak's pace).
   echo "== pytest on python 3.11: unit, differential and end-to-end tests (2 workers)"
   run_subset "3.11 (unit/differential/e2e)" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 tests/unit tests/differential tests/e2e
-  WHOLE=(tests/browser tests/docs tests/faults tests/spark)
-  LAST=(-n 2 --dist loadgroup)
+  # Then the tests that share a machine-wide resource, one at a time, in two runs side by side
+  # (about 12 min each): tests/spark (one Spark session, one standalone cluster) with the
+  # faults tests that use that session, and the other faults tests (mounts, network namespaces,
+  # kill -9 timing, their own Spark drivers), the docs and the browser tests.
+  SIDE="3.11 (faults/docs/browser)"
+  start_subset "$SIDE" .venv/bin/python -m "${PYTEST[@]}" tests/faults tests/docs tests/browser \
+    --ignore=tests/faults/test_spark_disk_full.py
+  WHOLE=(tests/spark tests/faults/test_spark_disk_full.py)
 fi
 echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
 echo "== pytest on python 3.11: ${WHOLE[*]:-the whole suite}"
 # pytest exits 5 when nothing was collected: a suite that ran no test has failed.
 set +e
-"${UV[@]}" run --frozen "${PYTEST[@]}" "${LAST[@]}" "${WHOLE[@]}"
+"${UV[@]}" run --frozen "${PYTEST[@]}" "${WHOLE[@]}"
 rc=$?
 set -e
+if [ -n "$SIDE" ]; then
+  finish_subset "$SIDE"  # its summary line is the last one printed
+fi
 if [ -n "$failed" ]; then
   # the last line stays a pytest summary line: the failed version's
   echo "== failed besides the 3.11 run: $failed:"
