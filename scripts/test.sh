@@ -77,7 +77,7 @@ wait_build() {
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
-ran=("3.11 ($([ $# -eq 0 ] && echo "spark" || echo "$*"))")
+ran=("3.11 ($([ $# -eq 0 ] && echo "spark, Spark faults" || echo "$*"))")
 failed=""        # "<label> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
 
@@ -203,13 +203,14 @@ if [ $# -eq 0 ]; then
   run_subset "3.11 (unit/differential/e2e)" \
     .venv/bin/python -m "${PYTEST[@]}" -n 2 tests/unit tests/differential tests/e2e
   # Then the tests that share a machine-wide resource, one at a time, in two runs side by side
-  # (about 12 min each): tests/spark (one Spark session, one standalone cluster) with the
-  # faults tests that use that session, and the other faults tests (mounts, network namespaces,
-  # kill -9 timing, their own Spark drivers), the docs and the browser tests.
+  # of about the same length (9-11 min on the 2-core CI machine): tests/spark (one Spark
+  # session, one standalone cluster) with the Spark faults tests, and the other faults tests
+  # (mounts, network namespaces, kill -9 timing), the docs and the browser tests.
+  SPARK_FAULTS=(tests/faults/test_spark_disk_full.py tests/faults/test_spark_partitions.py)
   SIDE="3.11 (faults/docs/browser)"
   start_subset "$SIDE" .venv/bin/python -m "${PYTEST[@]}" tests/faults tests/docs tests/browser \
-    --ignore=tests/faults/test_spark_disk_full.py
-  WHOLE=(tests/spark tests/faults/test_spark_disk_full.py)
+    "${SPARK_FAULTS[@]/#/--ignore=}"
+  WHOLE=(tests/spark "${SPARK_FAULTS[@]}")
 fi
 echo "== python versions run: $(IFS=,; echo "${ran[*]}" | sed 's/,/, /g')"
 echo "== pytest on python 3.11: ${WHOLE[*]:-the whole suite}"
