@@ -77,7 +77,7 @@ wait_build() {
 echo "== ruff"; "${UV[@]}" run --frozen ruff check .
 echo "== mypy"; "${UV[@]}" run --frozen mypy
 
-ran=("3.11 ($([ $# -eq 0 ] && echo "spark, Spark faults" || echo "$*"))")
+ran=("3.11 ($([ $# -eq 0 ] && echo "spark and Spark faults" || echo "$*"))")
 failed=""        # "<label> (exit <rc>), ..." of the failed subsets
 failed_summary=""  # the last failed one's pytest summary line
 

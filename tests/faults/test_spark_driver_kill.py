@@ -2,9 +2,9 @@
 mid-stream, twice, then restarts from the same checkpoint and walLocation until the topic is
 drained: the parquet output, read through Spark, has every message exactly once.
 
-Here, not in tests/spark, so that it runs beside the Spark tests (scripts/test.sh runs each
-directory on its own worker); its driver is another process, in local mode. The same on the
-standalone cluster, killed once: tests/spark/test_cluster.py.
+Here, not in tests/spark, so that it runs beside the Spark tests (scripts/test.sh runs
+tests/spark and the faults tests as two pytest runs at once); its driver is another process, in
+local mode. The same on the standalone cluster, killed once: tests/spark/test_cluster.py.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Every streaming test writes to Spark's parquet file sink and reads the result ba
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,19 @@ def test_available_now_takes_the_topic_backlog(
     assert query.awaitTermination(240), "the AvailableNow query did not stop"
     assert _parquet_counts(spark, tmp_path / "out") == (n, n)
     assert drained(cluster.http(), topic, "spark")
-    # Admission control counted the backlog too: batches as large as the limit allows.
-    assert max(p["numInputRows"] for p in query.recentProgress) == 100_000
+    # Admission control counted the backlog too: batches planned as large as the limit allows.
+    # (What a batch reads can be less: a read task that waits past its time for the last of
+    # its quota ends without it, and the next batch plans those messages again. On a loaded
+    # machine the largest batch read 97,500.)
+    assert max(_planned(p) for p in query.recentProgress) == 100_000
+    assert all(p["numInputRows"] <= _planned(p) for p in query.recentProgress)
+
+
+def _planned(progress: dict[str, Any]) -> int:
+    """How many messages a micro-batch's offset planned: the sum of its partition quotas."""
+    end = progress["sources"][0]["endOffset"]
+    offset = json.loads(end) if isinstance(end, str) else end
+    return sum(sum(quotas) for per_nsqd in offset["q"].values() for quotas in per_nsqd.values())
 
 
 def test_available_now_waits_for_messages_in_flight_elsewhere(
