@@ -129,8 +129,8 @@ finish_subset() {
 
 if [ $# -eq 0 ]; then
   # The fast subsets of 3.12 and 3.13 at once (much of their time is a JVM's and a venv's
-  # start-up); each one's output is printed when both are done. (A build whose compiler
-  # fails, 35 s of mypy, is tried on 3.11 only.)
+  # start-up); their output is printed when they are done, 3.12's first. (A build whose
+  # compiler fails, 35 s of mypy, is tried on 3.11 only.)
   started=()
   for version in 3.12 3.13; do
     python="${PYTHONS[$version]:-}"
